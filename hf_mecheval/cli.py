@@ -1,0 +1,171 @@
+"""The ``mecheval`` command line. Argument parsing only: every command calls library code.
+
+Errors caused by the user's input (``MechEvalError``) print one line and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from .errors import MechEvalError
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _seed_range(text: str) -> list[int]:
+    """``7`` or ``0-29`` (inclusive)."""
+    try:
+        lo, _, hi = text.partition("-")
+        seeds = list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected SEED or FIRST-LAST, got {text!r}") from None
+    if not seeds or seeds[0] < 0:
+        raise argparse.ArgumentTypeError(f"expected SEED or FIRST-LAST with 0 <= FIRST <= LAST, got {text!r}")
+    return seeds
+
+
+def _preset_names() -> list[str]:
+    from .tasks.presets import PRESETS
+
+    return list(PRESETS)
+
+
+# ------------------------------------------------------------------------------ data
+def _data_generate(args: argparse.Namespace) -> int:
+    from .io_utils import write_parquet_atomic
+    from .tasks.presets import build_task, get_preset
+
+    overrides = _grammar_override(args.preset, args.grammar_seed)
+    task = build_task(args.preset, **overrides)
+    data = task.generate(args.n, args.split, args.seed, workers=args.workers)
+    write_parquet_atomic(data.to_arrow(), args.out, overwrite=args.overwrite)
+    print(f"wrote {len(data)} {args.split} documents of {args.preset} to {args.out}")
+    return 0
+
+
+def _grammar_override(preset: str, grammar_seed: int | None) -> dict:
+    from .tasks.presets import get_preset
+
+    if grammar_seed is None:
+        return {}
+    if get_preset(preset).task != "atr":
+        raise MechEvalError(f"--grammar-seed applies to ATR presets only, not {preset}")
+    return {"grammar_seed": grammar_seed}
+
+
+def _data_stats(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .tasks.presets import build_task
+    from .tasks.stats import format_statistics, task_statistics
+
+    report = {}
+    for preset in args.presets:
+        grammar_seeds = args.grammar_seeds or [None]
+        per_grammar = [
+            task_statistics(build_task(preset, **_grammar_override(preset, g)).generate(args.n, args.split, args.seed))
+            for g in grammar_seeds
+        ]
+        stats = {k: float(np.mean([s[k] for s in per_grammar])) for k in per_grammar[0]}
+        report[preset] = stats
+        if not args.json:
+            title = preset if args.grammar_seeds is None else f"{preset} (mean over grammar seeds {args.grammar_seeds[0]}-{args.grammar_seeds[-1]})"
+            print(f"== {title}: {args.n} {args.split} documents, seed {args.seed}")
+            print(format_statistics(stats))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0
+
+
+def _data_publish(args: argparse.Namespace) -> int:
+    from .tasks.publish import materialize, push_to_hub
+
+    folder = materialize(
+        args.presets, args.out, train_size=args.train_size, eval_size=args.eval_size, seed=args.seed,
+        grammar_seed=args.grammar_seed, overwrite=args.overwrite, workers=args.workers,
+    )
+    print(f"wrote {', '.join(args.presets)} to {folder} (load with datasets.load_dataset({str(folder)!r}, NAME))")
+    if args.push_to_hub:
+        print(f"pushed to {push_to_hub(folder, args.push_to_hub)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .tasks.seeding import SPLITS
+
+    presets = _preset_names()
+    parser = argparse.ArgumentParser(
+        prog="mecheval",
+        description="Mechanistic evaluation of Transformers and state-space models on AR and ATR.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    data = commands.add_parser("data", help="generate, describe and publish task data",
+                               description="Generate, describe and publish task data.")
+    data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+
+    gen = data_commands.add_parser("generate", help="write one split of a preset as parquet",
+                                   description="Write one split of a preset as parquet (the dataset columns of SPEC §7).")
+    gen.add_argument("preset", choices=presets, metavar="PRESET", help=f"one of: {', '.join(presets)}")
+    gen.add_argument("--split", choices=SPLITS, default="train", help="split (default: train)")
+    gen.add_argument("-n", type=_non_negative_int, required=True, help="number of documents")
+    gen.add_argument("--seed", type=_non_negative_int, default=0, help="data seed (default: 0)")
+    gen.add_argument("--grammar-seed", type=_non_negative_int, help="ATR: another language than the preset's")
+    gen.add_argument("--out", required=True, help="output FILE.parquet")
+    gen.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    gen.add_argument("--workers", type=_non_negative_int, default=1, help="processes (default: 1)")
+    gen.set_defaults(func=_data_generate)
+
+    stats = data_commands.add_parser("stats", help="print statistics a model could exploit",
+                                     description="Print document length, key→value distance, adjacency, tree "
+                                                 "depth, branching and repeated-label statistics of presets.")
+    stats.add_argument("presets", nargs="+", choices=presets, metavar="PRESET", help=f"one or more of: {', '.join(presets)}")
+    stats.add_argument("--split", choices=SPLITS, default="test", help="split (default: test)")
+    stats.add_argument("-n", type=_non_negative_int, default=2000, help="documents per preset (default: 2000)")
+    stats.add_argument("--seed", type=_non_negative_int, default=0, help="data seed (default: 0)")
+    stats.add_argument("--grammar-seeds", type=_seed_range, metavar="G|FIRST-LAST",
+                       help="ATR: average over these grammars (e.g. 0-29) instead of the preset's language")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.set_defaults(func=_data_stats)
+
+    pub = data_commands.add_parser("publish", help="materialise presets as a Hub-style parquet folder with a dataset card",
+                                   description="Materialise presets (all splits) as parquet plus a dataset card, so that "
+                                               "datasets.load_dataset(FOLDER, PRESET) works offline; optionally upload.")
+    pub.add_argument("presets", nargs="+", choices=presets, metavar="PRESET", help=f"one or more of: {', '.join(presets)}")
+    pub.add_argument("--out", required=True, help="output folder")
+    pub.add_argument("--train-size", type=_non_negative_int, help="training documents (default: the preset's, 100032)")
+    pub.add_argument("--eval-size", type=_non_negative_int, help="validation and test documents each (default: 1024)")
+    pub.add_argument("--seed", type=_non_negative_int, default=0, help="data seed (default: 0)")
+    pub.add_argument("--grammar-seed", type=_non_negative_int, help="ATR: another language than the presets'")
+    pub.add_argument("--overwrite", action="store_true", help="replace existing files")
+    pub.add_argument("--workers", type=_non_negative_int, default=1, help="processes (default: 1)")
+    pub.add_argument("--push-to-hub", metavar="REPO", help="also upload the folder as dataset repository REPO")
+    pub.set_defaults(func=_data_publish)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except MechEvalError as exc:
+        print(f"mecheval: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mecheval: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""``TaskData``: a column store of generated documents.
+
+Documents have different lengths (ATR), so tokens are kept flat with offsets (the layout of
+an Arrow list column): converting to a ``datasets.Dataset`` or to parquet is zero-copy.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+IGNORE_INDEX = -100
+PAD, BOS, EOS = 0, 1, 2
+NUM_SPECIAL = 3
+
+# Per-document columns every task provides, in dataset column order.
+POSITION_COLUMNS = ("key_pos", "value_pos", "divider_pos", "query_pos", "answer_pos")
+DOCUMENT_COLUMNS = ("answer",) + POSITION_COLUMNS
+
+
+@dataclasses.dataclass
+class TaskData:
+    """``n`` documents.
+
+    tokens:  (total_tokens,) int32 — all documents concatenated.
+    offsets: (n + 1,) int64 — document i is ``tokens[offsets[i]:offsets[i + 1]]``.
+    columns: per-document int32 arrays of shape (n,): ``answer``, the ``*_pos`` columns and
+             task metadata.
+    token_columns: per-token int32 arrays aligned with ``tokens`` (e.g. ATR's ``tree_parent``).
+    """
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    columns: dict[str, np.ndarray]
+    token_columns: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def labels(self) -> np.ndarray:
+        """Flat labels: ``IGNORE_INDEX`` everywhere except the answer token (loss on the answer only)."""
+        labels = np.full(len(self.tokens), IGNORE_INDEX, dtype=np.int32)
+        labels[self.offsets[:-1] + self.columns["answer_pos"]] = self.columns["answer"]
+        return labels
+
+    def document(self, i: int) -> dict:
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        out = {"input_ids": self.tokens[lo:hi].tolist()}
+        labels = [IGNORE_INDEX] * (hi - lo)
+        labels[int(self.columns["answer_pos"][i])] = int(self.columns["answer"][i])
+        out["labels"] = labels
+        out.update({k: int(v[i]) for k, v in self.columns.items()})
+        out.update({k: v[lo:hi].tolist() for k, v in self.token_columns.items()})
+        return out
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in range(len(self)):
+            yield self.document(i)
+
+    def padded(self, pad_id: int = PAD) -> np.ndarray:
+        """(n, max_length) int64 token matrix, right-padded with ``pad_id``."""
+        lengths = self.lengths
+        out = np.full((len(self), int(lengths.max(initial=0))), pad_id, dtype=np.int64)
+        row = np.repeat(np.arange(len(self)), lengths)
+        col = np.arange(len(self.tokens)) - np.repeat(self.offsets[:-1], lengths)
+        out[row, col] = self.tokens
+        return out
+
+    def head(self, n: int) -> "TaskData":
+        """The first ``n`` documents."""
+        end = int(self.offsets[n])
+        return TaskData(
+            tokens=self.tokens[:end],
+            offsets=self.offsets[: n + 1],
+            columns={k: v[:n] for k, v in self.columns.items()},
+            token_columns={k: v[:end] for k, v in self.token_columns.items()},
+        )
+
+    @staticmethod
+    def concatenate(parts: list["TaskData"]) -> "TaskData":
+        if len(parts) == 1:
+            return parts[0]
+        sizes = np.array([len(p.tokens) for p in parts], dtype=np.int64)
+        shifts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shifts)])
+        return TaskData(
+            tokens=np.concatenate([p.tokens for p in parts]),
+            offsets=offsets.astype(np.int64),
+            columns={k: np.concatenate([p.columns[k] for p in parts]) for k in parts[0].columns},
+            token_columns={
+                k: np.concatenate([p.token_columns[k] for p in parts]) for k in parts[0].token_columns
+            },
+        )
+
+    # ----------------------------------------------------------------------------- Arrow
+    def to_arrow(self) -> pa.Table:
+        offsets = pa.array(self.offsets.astype(np.int32))
+
+        def list_column(flat: np.ndarray) -> pa.Array:
+            return pa.ListArray.from_arrays(offsets, pa.array(flat.astype(np.int32)))
+
+        arrays = {"input_ids": list_column(self.tokens), "labels": list_column(self.labels())}
+        for name in DOCUMENT_COLUMNS:
+            arrays[name] = pa.array(self.columns[name].astype(np.int32))
+        for name, values in self.columns.items():
+            if name not in DOCUMENT_COLUMNS:
+                arrays[name] = pa.array(values.astype(np.int32))
+        for name, values in self.token_columns.items():
+            arrays[name] = list_column(values)
+        return pa.table(arrays)
+
+    @staticmethod
+    def from_arrow(table: pa.Table) -> "TaskData":
+        """Inverse of :meth:`to_arrow` (``labels`` is derived, so it is dropped)."""
+        from ..errors import MechEvalError
+
+        missing = [c for c in ("input_ids",) + DOCUMENT_COLUMNS if c not in table.column_names]
+        if missing:
+            raise MechEvalError(
+                f"dataset lacks the column(s) {', '.join(missing)}; hf-mecheval needs "
+                f"input_ids, {', '.join(DOCUMENT_COLUMNS)}"
+            )
+        ids = table.column("input_ids").combine_chunks()
+        offsets = ids.offsets.to_numpy().astype(np.int64)
+        offsets = offsets - offsets[0]
+        tokens = ids.flatten().to_numpy().astype(np.int32)
+        columns, token_columns = {}, {}
+        for name in table.column_names:
+            if name in ("input_ids", "labels"):
+                continue
+            col = table.column(name).combine_chunks()
+            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                token_columns[name] = col.flatten().to_numpy().astype(np.int32)
+            else:
+                columns[name] = col.to_numpy().astype(np.int32)
+        return TaskData(tokens, offsets, columns, token_columns)
+
+    def features(self):
+        """The typed ``datasets.Features`` of :meth:`to_arrow`'s table."""
+        return features_for(
+            [c for c in self.columns if c not in DOCUMENT_COLUMNS], list(self.token_columns)
+        )
+
+    def to_dataset(self, info=None):
+        """A ``datasets.Dataset`` backed by this data's Arrow table (no per-example Python)."""
+        import datasets
+
+        if info is None:
+            info = datasets.DatasetInfo(features=self.features())
+        return datasets.Dataset(self.to_arrow(), info=info)
+
+
+def features_for(document_metadata: list[str], token_metadata: list[str]):
+    """``datasets.Features`` for a task whose documents carry the given metadata columns."""
+    import datasets
+
+    tokens = datasets.List(datasets.Value("int32"))
+    spec = {"input_ids": tokens, "labels": tokens}
+    spec.update({name: datasets.Value("int32") for name in DOCUMENT_COLUMNS + tuple(document_metadata)})
+    spec.update({name: tokens for name in token_metadata})
+    return datasets.Features(spec)

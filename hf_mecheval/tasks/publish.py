@@ -1,0 +1,127 @@
+"""Materialise presets as a Hub-style dataset folder: parquet per (preset, split) plus a dataset
+card whose ``configs:`` YAML lets ``datasets.load_dataset(folder, "atr_easy")`` read it offline —
+and the same folder, uploaded, serves ``load_dataset("<owner>/<name>", "atr_easy")``.
+
+Layout::
+
+    FOLDER/README.md
+    FOLDER/<preset>/{train,validation,test}-00000-of-00001.parquet
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from ..errors import MechEvalError
+from ..io_utils import write_parquet_atomic, write_text_atomic
+from .base import GENERATOR_VERSION
+from .presets import get_preset, build_task
+from .seeding import SPLITS
+from .stats import task_statistics
+
+
+def split_file(preset: str, split: str) -> str:
+    return f"{preset}/{split}-00000-of-00001.parquet"
+
+
+def materialize(
+    presets: list[str],
+    folder: str | Path,
+    train_size: int | None = None,
+    eval_size: int | None = None,
+    seed: int = 0,
+    grammar_seed: int | None = None,
+    overwrite: bool = False,
+    workers: int = 1,
+    progress: bool = True,
+) -> Path:
+    """Write every split of every preset and the dataset card; returns the folder."""
+    from tqdm.auto import tqdm
+
+    folder = Path(folder)
+    entries = []
+    for name in presets:
+        preset = get_preset(name)
+        task = build_task(name, **({} if grammar_seed is None or preset.task != "atr" else {"grammar_seed": grammar_seed}))
+        sizes = {
+            "train": preset.train_size if train_size is None else train_size,
+            "validation": preset.eval_size if eval_size is None else eval_size,
+            "test": preset.eval_size if eval_size is None else eval_size,
+        }
+        for split in SPLITS:
+            if (folder / split_file(name, split)).exists() and not overwrite:
+                raise MechEvalError(f"{folder / split_file(name, split)} already exists; pass --overwrite to replace it")
+        split_stats = {}
+        for split in tqdm(SPLITS, desc=name, disable=not progress):
+            data = task.generate(sizes[split], split, seed, workers)
+            write_parquet_atomic(data.to_arrow(), folder / split_file(name, split), overwrite=overwrite)
+            split_stats[split] = task_statistics(data) if len(data) else {}
+        entries.append({"preset": preset, "task": task, "sizes": sizes, "stats": split_stats})
+    write_text_atomic(folder / "README.md", dataset_card(entries, seed), overwrite=True)
+    return folder
+
+
+def dataset_card(entries: list[dict], seed: int) -> str:
+    configs = [
+        {
+            "config_name": e["preset"].name,
+            "data_files": [{"split": s, "path": f"{e['preset'].name}/{s}-*.parquet"} for s in SPLITS],
+            **({"default": True} if i == 0 else {}),
+        }
+        for i, e in enumerate(entries)
+    ]
+    tasks = sorted({e["preset"].task for e in entries})
+    meta = {
+        "license": "apache-2.0",
+        "pretty_name": "hf-mecheval " + " / ".join(t.upper() for t in tasks),
+        "task_categories": ["text-generation"],
+        "tags": ["synthetic", "mechanistic-interpretability", "hf-mecheval"]
+        + (["associative-recall"] if "ar" in tasks else []) + (["associative-treecall", "pcfg"] if "atr" in tasks else []),
+        "size_categories": ["100K<n<1M"] if max(sum(e["sizes"].values()) for e in entries) > 100_000 else ["n<100K"],
+        "configs": configs,
+    }
+    lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", ""]
+    lines += [
+        f"# {meta['pretty_name']}",
+        "",
+        "Synthetic in-context retrieval data made by hf-mecheval "
+        f"(generator version {GENERATOR_VERSION}, data seed {seed}). Regenerate any split byte for byte with",
+        "`mecheval data generate PRESET --split SPLIT -n N --seed SEED --out FILE.parquet`.",
+        "",
+        "Each row is one document. Token ids: PAD=0, BOS=1, EOS=2. Columns: `input_ids`; `labels` "
+        "(-100 except the answer token: the loss is on the answer only); `answer`; positions `key_pos` "
+        "(the cue in the context), `value_pos` (the answer in the context), `divider_pos` (the EOS before "
+        "the query), `query_pos` (where the answer is predicted) and `answer_pos`; plus task metadata "
+        "(`num_pairs` for AR; `tree_parent` for ATR: each token's tree parent position, -1 for none).",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        f"ds = load_dataset(\"path/or/repo\", \"{entries[0]['preset'].name}\")",
+        "```",
+        "",
+    ]
+    for e in entries:
+        p, task = e["preset"], e["task"]
+        lines += [f"## `{p.name}`", "", p.description, "",
+                  f"- vocabulary size: {task.vocab_size}",
+                  f"- sizes: " + ", ".join(f"{s} {n}" for s, n in e["sizes"].items()),
+                  f"- configuration: `{json.dumps(task.config.to_dict())}`", ""]
+        stats = {s: v for s, v in e["stats"].items() if v}
+        if stats:
+            keys = list(next(iter(stats.values())))
+            lines += ["| statistic | " + " | ".join(stats) + " |", "|---" * (len(stats) + 1) + "|"]
+            lines += [f"| {k} | " + " | ".join(f"{stats[s][k]:.4g}" for s in stats) + " |" for k in keys]
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def push_to_hub(folder: str | Path, repo_id: str, private: bool = False) -> str:
+    """Upload a materialised folder as a dataset repository."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+    api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="dataset")
+    return f"https://huggingface.co/datasets/{repo_id}"
