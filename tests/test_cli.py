@@ -1,0 +1,68 @@
+"""The `mecheval` command line: outputs, and one clear line with a non-zero exit on bad input."""
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from hf_mecheval.cli import main
+from hf_mecheval.tasks import build_task
+
+
+def test_data_generate_writes_the_columns(tmp_path, capsys):
+    out = tmp_path / "train.parquet"
+    assert main(["data", "generate", "atr_easy", "--split", "validation", "-n", "64", "--seed", "3",
+                 "--grammar-seed", "2", "--out", str(out)]) == 0
+    table = pq.read_table(out)
+    want = build_task("atr_easy", grammar_seed=2).generate(64, "validation", 3).to_arrow()
+    assert table.equals(want)
+    for column in ("input_ids", "labels", "answer", "key_pos", "value_pos", "divider_pos", "query_pos", "answer_pos"):
+        assert column in table.column_names
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["data", "generate", "ar_32", "-n", "5", "--grammar-seed", "1", "--out", "{tmp}/x.parquet"], "ATR presets only"),
+        (["data", "generate", "ar_32", "-n", "5", "--out", "/proc/forbidden/x.parquet"], "cannot write"),
+        (["data", "generate", "ar_32", "-n", "5", "--out", "{tmp}/exists.parquet"], "already exists"),
+    ],
+)
+def test_errors_are_one_line(tmp_path, capsys, argv, message):
+    (tmp_path / "exists.parquet").write_bytes(b"precious")
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1
+    assert (tmp_path / "exists.parquet").read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize("argv", [["data", "generate", "atr_hard", "-n", "1", "--out", "x.parquet"],
+                                  ["data", "generate", "ar_32", "-n", "-3", "--out", "x.parquet"],
+                                  ["data", "stats", "ar_32", "--grammar-seeds", "5-2"]])
+def test_argument_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_stats_json_and_grammar_average(capsys):
+    assert main(["data", "stats", "atr_easy", "-n", "200", "--grammar-seeds", "0-2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    per = [build_task("atr_easy", grammar_seed=g).generate(200, "test") for g in range(3)]
+    assert report["atr_easy"]["length_mean"] == pytest.approx(sum(d.lengths.mean() for d in per) / 3)
+    assert main(["data", "stats", "ar_32", "-n", "100"]) == 0
+    assert "adjacent_fraction" in capsys.readouterr().out
+
+
+def test_publish_and_console_script(tmp_path):
+    out = tmp_path / "atr"
+    proc = subprocess.run([sys.executable, "-m", "hf_mecheval.cli", "data", "publish", "atr_easy", "atr_sibling",
+                           "--out", str(out), "--train-size", "30", "--eval-size", "10"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "atr_sibling" / "test-00000-of-00001.parquet").exists()
+    again = subprocess.run([sys.executable, "-m", "hf_mecheval.cli", "data", "publish", "atr_easy",
+                            "--out", str(out)], capture_output=True, text=True)
+    assert again.returncode == 2 and "already exists" in again.stderr
