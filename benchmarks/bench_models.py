@@ -1,0 +1,125 @@
+"""Training-step time of every architecture at the AR setting, side by side with transformers'
+GPT2, Llama and Mamba trained on the same batches and labels in the same run.
+
+Setting: vocabulary 8196, length 37, batch 32, answer-only loss, 2 layers, AdamW step,
+2 threads. Prints the median ms per step (forward + backward + AdamW) and the ratios the
+models issue asks for: our Transformer >= 4x faster than GPT2; our Mamba >= 10x faster than HF
+Mamba's default path and >= 3x faster than HF Mamba + mambapy; every architecture within 3x
+of our Transformer at hidden 64.
+
+    python benchmarks/bench_models.py [--hidden 64 256] [--steps 10] [--rounds 3] [--only mamba transformer]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+
+import torch
+
+from hf_mecheval.models import build_model
+from hf_mecheval.tasks import build_task
+
+VOCAB, LENGTH, BATCH = 8196, 37, 32
+
+
+def ours(arch: str, d: int):
+    extra = {"max_position_embeddings": 64} if arch == "transformer" else {}
+    return build_model(arch, vocab_size=VOCAB, hidden_size=d, num_hidden_layers=2, kernels="torch", **extra)
+
+
+def peers(d: int) -> dict:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
+
+    out = {
+        "hf-gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=d, n_layer=2, n_head=1, n_positions=64,
+                                                      resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)),
+        "hf-llama": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=d, intermediate_size=4 * d,
+                                                         num_hidden_layers=2, num_attention_heads=1,
+                                                         num_key_value_heads=1, max_position_embeddings=64)),
+        "hf-mamba": lambda: MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=d, num_hidden_layers=2,
+                                                         state_size=16, expand=2, conv_kernel=4)),
+    }
+    if importlib.util.find_spec("mambapy"):
+        out["hf-mamba+mambapy"] = lambda: MambaForCausalLM(MambaConfig(
+            vocab_size=VOCAB, hidden_size=d, num_hidden_layers=2, state_size=16, expand=2, conv_kernel=4,
+            use_mambapy=True))
+    return out
+
+
+def batches(n: int):
+    data = build_task("ar_32").generate(BATCH * n, "train", seed=0)
+    ids = torch.from_numpy(data.padded()).long()
+    labels = torch.full_like(ids, -100)
+    rows = torch.arange(len(ids))
+    pos = torch.from_numpy(data.columns["answer_pos"]).long()
+    labels[rows, pos] = ids[rows, pos]
+    return [(ids[i * BATCH:(i + 1) * BATCH], labels[i * BATCH:(i + 1) * BATCH]) for i in range(n)]
+
+
+def time_steps(model, optimizer, data) -> list[float]:
+    times = []
+    for ids, labels in data:
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per model per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; models take turns within a round")
+    parser.add_argument("--only", nargs="+", help="subset of model names")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    archs = ["transformer", "based", "baseconv", "h3", "hyena", "mamba", "deltanet"]
+    data = batches(args.steps)
+    results: dict[tuple[str, int], float] = {}
+    for d in args.hidden:
+        makers = {f"ours-{a}": (lambda a=a: ours(a, d)) for a in archs}
+        makers.update(peers(d))
+        if args.only:
+            makers = {k: v for k, v in makers.items() if any(o in k for o in args.only)}
+        models = {}
+        for name, make in makers.items():
+            torch.manual_seed(0)
+            m = make().train()
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0)
+            time_steps(m, opt, data[:2])                      # warm-up
+            models[name] = (m, opt)
+        samples = {name: [] for name in models}
+        for _ in range(args.rounds):                          # interleave: shared noise
+            for name, (m, opt) in models.items():
+                samples[name] += time_steps(m, opt, data)
+        print(f"\nhidden {d}: median ms per training step (batch {BATCH}, length {LENGTH}, vocabulary {VOCAB}, "
+              f"{args.threads} threads)")
+        for name, s in samples.items():
+            results[(name, d)] = statistics.median(s)
+            print(f"  {name:<20} {results[(name, d)]:8.1f}   (min {min(s):.1f}, max {max(s):.1f})")
+
+    print("\nratios (higher = ours faster):")
+    for d in args.hidden:
+        def ratio(a, b, target):
+            if (a, d) in results and (b, d) in results:
+                r = results[(a, d)] / results[(b, d)]
+                print(f"  hidden {d}: {a} / {b} = {r:.1f}x  (target >= {target}x) {'ok' if r >= target else 'MISSED'}")
+        ratio("hf-gpt2", "ours-transformer", 4)
+        ratio("hf-mamba", "ours-mamba", 10)
+        ratio("hf-mamba+mambapy", "ours-mamba", 3)
+    if 64 in args.hidden and ("ours-transformer", 64) in results:
+        base = results[("ours-transformer", 64)]
+        for a in archs:
+            if (f"ours-{a}", 64) in results:
+                r = results[(f"ours-{a}", 64)] / base
+                print(f"  hidden 64: ours-{a} / ours-transformer = {r:.2f}x (target <= 3x) {'ok' if r <= 3 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

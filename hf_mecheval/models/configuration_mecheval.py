@@ -1,0 +1,295 @@
+"""Configurations of the seven architectures (SPEC §3, §7).
+
+All share :class:`MechEvalConfig`'s fields (Hugging Face names: ``vocab_size``,
+``hidden_size``, ``num_hidden_layers``, ``max_position_embeddings`` — 0 means no position
+embedding). Each architecture adds its own fields and says, per layer, which sequence mixer it
+uses (``layer_mixers``), whether blocks have an MLP and which norm blocks use; the backbone reads
+only that, never the architecture's name. Values are validated on construction: errors name the
+field and the allowed values. Unknown keyword arguments are kept, as Hugging Face configs do.
+"""
+from __future__ import annotations
+
+import math
+
+from transformers import PreTrainedConfig
+
+from ..errors import ConfigError
+
+KERNEL_CHOICES = ("auto", "torch", "cuda")
+
+
+def _int(cfg, name, minimum=None, maximum=None, allowed=None):
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, f"must be an integer, got {value!r}")
+    if allowed is not None and value not in allowed:
+        raise ConfigError(name, f"must be one of {', '.join(map(str, allowed))}, got {value}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(name, f"must be <= {maximum}, got {value}")
+
+
+def _float(cfg, name, minimum=None, exclusive=False):
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(name, f"must be a number, got {value!r}")
+    if minimum is not None and (value <= minimum if exclusive else value < minimum):
+        raise ConfigError(name, f"must be {'>' if exclusive else '>='} {minimum}, got {value}")
+
+
+def _choice(cfg, name, allowed):
+    value = getattr(cfg, name)
+    if value not in allowed:
+        raise ConfigError(name, f"must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+class MechEvalConfig(PreTrainedConfig):
+    """Fields shared by every architecture."""
+
+    model_type = "mecheval"
+    vocab_size: int = 8196
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    max_position_embeddings: int = 0
+    """Learned absolute positions (0 = none)."""
+    intermediate_size: int | None = None
+    """MLP width (default 4 * hidden_size); unused where the architecture has no MLP."""
+    layer_norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    kernels: str = "auto"
+    """"auto": fused CUDA kernels where CUDA and the optional packages are present, else PyTorch;
+    "torch": always the PyTorch reference; "cuda": require the kernels (error otherwise)."""
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+
+    # What the backbone needs to know; architecture configs override these.
+    use_mlp = True
+    block_norm = "layernorm"  # or "rmsnorm"
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        self.validate_fields()
+
+    def validate_fields(self) -> None:
+        _int(self, "vocab_size", minimum=1)
+        _int(self, "hidden_size", minimum=1)
+        _int(self, "num_hidden_layers", minimum=1)
+        _int(self, "max_position_embeddings", minimum=0)
+        _int(self, "intermediate_size", minimum=1)
+        _float(self, "layer_norm_eps", minimum=0, exclusive=True)
+        _float(self, "initializer_range", minimum=0)
+        _choice(self, "kernels", KERNEL_CHOICES)
+
+    def layer_mixers(self) -> list[str]:
+        """Name of the sequence mixer of each layer (see ``mixers.MIXERS``)."""
+        raise NotImplementedError
+
+
+class TransformerConfig(MechEvalConfig):
+    """Causal softmax attention; fused QKV without bias, output projection with bias."""
+
+    model_type = "mecheval-transformer"
+    max_position_embeddings: int = 1024
+    num_attention_heads: int = 1
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _int(self, "num_attention_heads", minimum=1)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError("num_attention_heads",
+                              f"must divide hidden_size ({self.hidden_size}), got {self.num_attention_heads}")
+
+    def layer_mixers(self) -> list[str]:
+        return ["attention"] * self.num_hidden_layers
+
+
+class BasedConfig(MechEvalConfig):
+    """Alternating layers: even layers BaseConv (short conv of ``short_conv_kernel``, or an implicit
+    long convolution when it is ``"long"``), odd layers Based linear attention (2nd-order Taylor
+    feature map)."""
+
+    model_type = "mecheval-based"
+    short_conv_kernel: int | str = 3
+    feature_dim: int = 8
+    num_attention_heads: int = 1
+    long_filter_order: int = 64
+    """Width of the MLP that parameterises implicit long filters."""
+    max_filter_length: int = 1024
+    """Longest sequence an implicit long filter is defined for."""
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if self.short_conv_kernel != "long":
+            _int(self, "short_conv_kernel", allowed=(1, 2, 3, 4, 5, 6, 7, 8))
+        _int(self, "feature_dim", minimum=1)
+        _int(self, "num_attention_heads", minimum=1)
+        _int(self, "long_filter_order", minimum=1)
+        _int(self, "max_filter_length", minimum=2)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError("num_attention_heads",
+                              f"must divide hidden_size ({self.hidden_size}), got {self.num_attention_heads}")
+
+    def layer_mixers(self) -> list[str]:
+        return ["base_conv" if i % 2 == 0 else "based" for i in range(self.num_hidden_layers)]
+
+    def conv_kernel_for_layer(self, layer: int) -> int | str:
+        return self.short_conv_kernel
+
+
+class BaseConvConfig(MechEvalConfig):
+    """``y = conv(u) * Linear(u) + u``; per-layer kernels cycle through ``kernel_schedule``
+    (an int = short causal depthwise conv of that width, "long" = implicit long convolution)."""
+
+    model_type = "mecheval-baseconv"
+    kernel_schedule: list = None
+    long_filter_order: int = 64
+    max_filter_length: int = 1024
+
+    def __post_init__(self, **kwargs):
+        if self.kernel_schedule is None:
+            self.kernel_schedule = [3, "long"]
+        super().__post_init__(**kwargs)
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if not isinstance(self.kernel_schedule, (list, tuple)) or not self.kernel_schedule:
+            raise ConfigError("kernel_schedule", f"must be a non-empty list of widths or 'long', got {self.kernel_schedule!r}")
+        for k in self.kernel_schedule:
+            if k != "long" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+                raise ConfigError("kernel_schedule", f"entries must be widths >= 1 or 'long', got {k!r}")
+        _int(self, "long_filter_order", minimum=1)
+        _int(self, "max_filter_length", minimum=2)
+
+    def layer_mixers(self) -> list[str]:
+        return ["base_conv"] * self.num_hidden_layers
+
+    def conv_kernel_for_layer(self, layer: int) -> int | str:
+        return self.kernel_schedule[layer % len(self.kernel_schedule)]
+
+
+class H3Config(MechEvalConfig):
+    """H3: shift SSM on K, diagonal SSM on K·V (per head, head_dim x head_dim), Q gating."""
+
+    model_type = "mecheval-h3"
+    d_state: int = 1024
+    """State size of the diagonal SSM (and length of the shift SSM's register)."""
+    head_dim: int = 2
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _int(self, "d_state", minimum=1)
+        _int(self, "head_dim", minimum=1)
+        if self.hidden_size % self.head_dim:
+            raise ConfigError("head_dim", f"must divide hidden_size ({self.hidden_size}), got {self.head_dim}")
+
+    def layer_mixers(self) -> list[str]:
+        return ["h3"] * self.num_hidden_layers
+
+
+class HyenaConfig(MechEvalConfig):
+    """Order-2 Hyena: short depthwise conv on a 3d in-projection, implicit long filter (positional
+    MLP with sine activations, exponential decay), FFT convolution."""
+
+    model_type = "mecheval-hyena"
+    short_conv_kernel: int = 3
+    filter_order: int = 64
+    filter_emb_dim: int = 3
+    filter_sine_freq: float = 1.0
+    max_filter_length: int = 1024
+    """Longest sequence the implicit filter is defined for."""
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _int(self, "short_conv_kernel", minimum=1)
+        _int(self, "filter_order", minimum=1)
+        _int(self, "filter_emb_dim", minimum=3)
+        if self.filter_emb_dim % 2 == 0:
+            raise ConfigError("filter_emb_dim", f"must be odd (time + sin/cos pairs), got {self.filter_emb_dim}")
+        _float(self, "filter_sine_freq", minimum=0, exclusive=True)
+        _int(self, "max_filter_length", minimum=2)
+
+    def layer_mixers(self) -> list[str]:
+        return ["hyena"] * self.num_hidden_layers
+
+
+class MambaConfig(MechEvalConfig):
+    """Selective SSM (Mamba-1) blocks with RMSNorm and no MLP."""
+
+    model_type = "mecheval-mamba"
+    d_state: int = 16
+    expand: int = 2
+    conv_kernel: int = 4
+    """Width of the depthwise causal short convolution; 0 = no convolution at all."""
+    dt_rank: int | str = "auto"
+    """Rank of the dt projection; "auto" = ceil(hidden_size / 16)."""
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+
+    use_mlp = False
+    block_norm = "rmsnorm"
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _int(self, "d_state", minimum=1)
+        _int(self, "expand", minimum=1)
+        _int(self, "conv_kernel", minimum=0, maximum=16)
+        if self.dt_rank != "auto":
+            _int(self, "dt_rank", minimum=1)
+        _float(self, "dt_min", minimum=0, exclusive=True)
+        _float(self, "dt_max", minimum=self.dt_min)
+        if self.kernels == "cuda" and self.conv_kernel not in (0, 2, 3, 4):
+            raise ConfigError("conv_kernel", f"the CUDA path (causal-conv1d) runs widths 2, 3, 4 (or 0 = none), "
+                                             f"got {self.conv_kernel}; use kernels='torch' or 'auto'")
+
+    @property
+    def intermediate_ssm_size(self) -> int:
+        return self.expand * self.hidden_size
+
+    @property
+    def time_step_rank(self) -> int:
+        return math.ceil(self.hidden_size / 16) if self.dt_rank == "auto" else self.dt_rank
+
+    def layer_mixers(self) -> list[str]:
+        return ["mamba"] * self.num_hidden_layers
+
+
+class DeltaNetConfig(MechEvalConfig):
+    """Delta-rule linear attention with short convolutions on q, k, v (flash-linear-attention's
+    DeltaNet: SiLU + L2-normalised q/k, sigmoid beta, per-head RMSNorm on the output, no biases)."""
+
+    model_type = "mecheval-deltanet"
+    num_attention_heads: int = 1
+    use_short_conv: bool = True
+    conv_kernel: int = 4
+    chunk_size: int = 64
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _int(self, "num_attention_heads", minimum=1)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError("num_attention_heads",
+                              f"must divide hidden_size ({self.hidden_size}), got {self.num_attention_heads}")
+        if not isinstance(self.use_short_conv, bool):
+            raise ConfigError("use_short_conv", f"must be true or false, got {self.use_short_conv!r}")
+        _int(self, "conv_kernel", minimum=1)
+        _int(self, "chunk_size", minimum=1)
+
+    def layer_mixers(self) -> list[str]:
+        return ["delta_net"] * self.num_hidden_layers
+
+
+ARCHITECTURES: dict[str, type[MechEvalConfig]] = {
+    "transformer": TransformerConfig,
+    "based": BasedConfig,
+    "baseconv": BaseConvConfig,
+    "h3": H3Config,
+    "hyena": HyenaConfig,
+    "mamba": MambaConfig,
+    "deltanet": DeltaNetConfig,
+}

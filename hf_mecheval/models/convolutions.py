@@ -1,0 +1,140 @@
+"""Convolutions shared by the mixers: short causal depthwise convolutions, long causal
+convolutions (direct and FFT, tested against each other), and implicit long filters."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal convolution of width ``kernel_size`` over (batch, length, channels).
+
+    y[t, c] = bias[c] + sum_j weight[c, j] * x[t - (K-1) + j, c]   (x = 0 before the start)
+
+    Computed as K shifted multiply-adds in the (batch, length, channels) layout, which avoids the
+    transposes ``conv1d`` needs and is faster at these sizes. The parameter is stored as
+    ``weight`` of shape (channels, 1, K), like ``nn.Conv1d(groups=channels)``, so it is
+    interchangeable with the kernel packages.
+    """
+
+    def __init__(self, channels: int, kernel_size: int, bias: bool = True):
+        super().__init__()
+        self.channels, self.kernel_size = channels, kernel_size
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
+        self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
+        bound = 1 / math.sqrt(kernel_size)  # nn.Conv1d's default for groups == channels
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (B, L, C)
+        K, L = self.kernel_size, x.shape[1]
+        w = self.weight[:, 0, :]                      # (C, K)
+        y = x * w[:, K - 1]
+        for j in range(K - 1):                          # tap j looks back K-1-j steps
+            shift = K - 1 - j
+            if shift < L:
+                y[:, shift:] = y[:, shift:] + x[:, : L - shift] * w[:, j]
+        return y if self.bias is None else y + self.bias
+
+    def step(self, x_t: torch.Tensor, window: torch.Tensor | None):
+        """x_t: (B, C); window: (B, K-1, C) previous inputs (None = zeros). Returns (y_t, window)."""
+        K = self.kernel_size
+        if window is None:
+            window = x_t.new_zeros(x_t.shape[0], K - 1, x_t.shape[1])
+        full = torch.cat([window, x_t[:, None]], dim=1)  # (B, K, C)
+        y = (full * self.weight[:, 0, :].T).sum(1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y, full[:, 1:]
+
+
+def causal_conv(u: torch.Tensor, kernel: torch.Tensor, use_fft: bool | None = None) -> torch.Tensor:
+    """Long causal convolution per channel.
+
+    u: (B, L, C); kernel: (C, L') with L' >= L (only the first L taps are used).
+    y[b, t, c] = sum_{s <= t} kernel[c, t - s] * u[b, s, c].
+    Direct (Toeplitz) for short sequences, FFT of size 2L otherwise; both are exact.
+    """
+    L = u.shape[1]
+    k = kernel[:, :L]
+    if use_fft is None:
+        use_fft = L > 128
+    if use_fft:
+        n = 2 * L
+        kf = torch.fft.rfft(k.float(), n=n)                 # (C, n/2+1)
+        uf = torch.fft.rfft(u.float().transpose(1, 2), n=n)  # (B, C, n/2+1)
+        y = torch.fft.irfft(uf * kf, n=n)[..., :L]
+        return y.transpose(1, 2).to(u.dtype)
+    idx = torch.arange(L, device=u.device)
+    lag = idx[:, None] - idx[None, :]                         # (L, L): t - s
+    toeplitz = k[:, lag.clamp(min=0)] * (lag >= 0)            # (C, L, L), zero above the diagonal
+    return torch.einsum("cts,bsc->btc", toeplitz, u)
+
+
+class Sin(nn.Module):
+    """sin(freq * x) with a learnable frequency per feature (Hyena's filter activation)."""
+
+    def __init__(self, dim: int, freq: float = 1.0):
+        super().__init__()
+        self.freq = nn.Parameter(freq * torch.ones(1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(self.freq * x)
+
+
+class ImplicitFilter(nn.Module):
+    """A long convolution kernel given by a small MLP over positional features (Hyena, and
+    BaseConv's "long" layers).
+
+    z(t) = [t / (T-1), cos(2π f t / T), sin(-2π f t / T) for f = 1..(emb_dim-1)/2]   (T, emb_dim)
+    h(t) = MLP(z(t)) * window(t)   -> kernel (channels, T)
+    MLP: Linear(emb_dim, order) - Sin - Linear(order, order) - Sin - Linear(order, channels, no bias).
+    With ``decay``, window(t) = exp(-alpha_c * t / T) with rates alpha_c spread log-uniformly
+    across channels (so some channels see far, some only near); without it, window = 1.
+    """
+
+    def __init__(self, channels: int, max_length: int, order: int = 64, emb_dim: int = 3,
+                 sine_freq: float = 1.0, decay: bool = True, fast_decay: float = 0.3,
+                 slow_decay: float = 1.5, target: float = 1e-2):
+        super().__init__()
+        self.channels, self.max_length = channels, max_length
+        self.emb_dim, self.decay = emb_dim, decay
+        self.fast_decay, self.slow_decay, self.target = fast_decay, slow_decay, target
+        self.mlp = nn.Sequential(
+            nn.Linear(emb_dim, order), Sin(order, sine_freq),
+            nn.Linear(order, order), Sin(order, sine_freq),
+            nn.Linear(order, channels, bias=False),
+        )
+
+    # The positional features and the window are fixed functions of the position, recomputed on
+    # the fly (tiny) rather than kept as buffers, so that models built on the meta device (as
+    # from_pretrained does) need nothing re-initialised.
+    def positional_features(self, length: int, device, dtype) -> torch.Tensor:
+        T = self.max_length
+        pos = torch.arange(length, device=device, dtype=dtype)[:, None]        # (L, 1)
+        bands = (self.emb_dim - 1) // 2
+        f = torch.linspace(1e-4, bands - 1, bands, device=device, dtype=dtype)[None] if bands > 1 \
+            else torch.ones(1, 1, device=device, dtype=dtype)
+        angle = 2 * math.pi * f * pos / T
+        return torch.cat([pos / (T - 1), torch.cos(angle), torch.sin(-angle)], dim=-1)   # (L, emb_dim)
+
+    def window(self, length: int, device, dtype) -> torch.Tensor:
+        if not self.decay:
+            return torch.ones(self.channels, length, device=device, dtype=dtype)
+        # channel c's response falls to `target` after fraction span_c of the maximum length
+        span = torch.linspace(self.fast_decay, self.slow_decay, self.channels, device=device, dtype=dtype)
+        rate = math.log(1 / self.target) / span                                    # (C,)
+        t = torch.arange(length, device=device, dtype=dtype) / (self.max_length - 1)
+        return torch.exp(-rate[:, None] * t[None])                                 # (C, L)
+
+    def forward(self, length: int) -> torch.Tensor:
+        if length > self.max_length:
+            raise ValueError(f"sequence length {length} exceeds the implicit filter's maximum {self.max_length}")
+        w = self.mlp[0].weight
+        h = self.mlp(self.positional_features(length, w.device, w.dtype))     # (L, C)
+        return h.T * self.window(length, w.device, w.dtype)                    # (C, L)

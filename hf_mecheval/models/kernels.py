@@ -1,0 +1,58 @@
+"""Optional fused CUDA kernels, imported lazily (never at package import: importing
+flash-linear-attention replaces transformers' built-in ``mamba`` model types).
+
+``kernels="auto"`` uses a kernel where CUDA and its package are present, ``"torch"`` never,
+``"cuda"`` always (and fails clearly otherwise). The choice is logged once per mixer type.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+from transformers.utils import logging
+
+from ..errors import ConfigError
+
+logger = logging.get_logger(__name__)
+
+PACKAGES = {"mamba": ("mamba_ssm", "causal_conv1d"), "delta_net": ("fla",)}
+
+
+@functools.cache
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def use_kernels(mixer: str, mode: str, device: torch.device | None = None) -> bool:
+    """Whether ``mixer`` should run its fused kernels under ``mode``."""
+    packages = PACKAGES.get(mixer, ())
+    available = torch.cuda.is_available() and bool(packages) and all(_installed(p) for p in packages)
+    if device is not None and device.type != "cuda":
+        available = False
+    if mode == "cuda" and not available:
+        raise ConfigError("kernels", f"'cuda' requested for {mixer} but CUDA or the packages "
+                                     f"{', '.join(packages) or '(none exist for this mixer)'} are unavailable")
+    chosen = mode == "cuda" or (mode == "auto" and available)
+    _log_choice(mixer, chosen)
+    return chosen
+
+
+@functools.cache
+def _log_choice(mixer: str, chosen: bool) -> None:
+    logger.info(f"hf-mecheval: {mixer} runs on {'fused CUDA kernels' if chosen else 'the PyTorch reference path'}")
+
+
+def mamba_kernels():
+    """(selective_scan_fn, causal_conv1d_fn) from mamba-ssm and causal-conv1d."""
+    from causal_conv1d import causal_conv1d_fn
+    from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+
+    return selective_scan_fn, causal_conv1d_fn
+
+
+def delta_rule_kernel():
+    """flash-linear-attention's chunked delta rule."""
+    from fla.ops.delta_rule import chunk_delta_rule
+
+    return chunk_delta_rule

@@ -1,0 +1,33 @@
+"""Sequence mixers: one file each, one contract (zoology's).
+
+A mixer is an ``nn.Module`` built as ``Mixer(config, layer_idx)`` with
+
+* ``forward(x)``: (batch, length, hidden) -> (batch, length, hidden), causal;
+* ``step(x_t, state)``: the recurrent form for one token, (batch, hidden) -> (batch, hidden),
+  with ``state=None`` at the start of a sequence; it returns ``(y_t, new_state)``. Running it
+  over a sequence gives ``forward``'s outputs (tested for every mixer);
+* internal intervention sites as :class:`~hf_mecheval.models.sites.Site` attributes
+  (``conv_output``, ``state``), which the site vocabulary picks up by itself.
+
+``MIXERS`` maps the names used by ``config.layer_mixers()`` to classes, imported on first use.
+"""
+from __future__ import annotations
+
+import importlib
+
+_MIXER_PATHS = {
+    "attention": "attention:CausalSelfAttention",
+    "based": "based:BasedLinearAttention",
+    "base_conv": "base_conv:BaseConv",
+    "h3": "h3:H3",
+    "hyena": "hyena:HyenaOperator",
+    "mamba": "mamba:MambaMixer",
+    "delta_net": "delta_net:DeltaNetMixer",
+}
+
+
+def mixer_class(name: str):
+    if name not in _MIXER_PATHS:
+        raise KeyError(f"unknown mixer {name!r}; known: {', '.join(_MIXER_PATHS)}")
+    module, cls = _MIXER_PATHS[name].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)

@@ -1,0 +1,47 @@
+"""BaseConv (Arora et al. 2023, "Zoology"): ``y = conv(u) * Linear(u) + u``.
+
+The convolution is a short causal depthwise convolution of width k, or an implicit long
+convolution (MLP over sinusoidal positional features, no decay window, computed by
+``causal_conv``) when the layer's kernel is ``"long"``."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..convolutions import ImplicitFilter, ShortConv, causal_conv
+from ..sites import Site
+
+
+class BaseConv(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        D = config.hidden_size
+        kernel = config.conv_kernel_for_layer(layer_idx)
+        self.projection = nn.Linear(D, D, bias=True)
+        self.long = kernel == "long"
+        if self.long:
+            self.filter = ImplicitFilter(D, config.max_filter_length, order=config.long_filter_order, decay=False)
+            self.conv_bias = nn.Parameter(torch.zeros(D))
+        else:
+            self.conv = ShortConv(D, kernel, bias=True)
+        self.conv_output = Site("convolution output, (batch, length, hidden)")
+
+    def _conv(self, u: torch.Tensor) -> torch.Tensor:
+        if self.long:
+            return causal_conv(u, self.filter(u.shape[1])) + self.conv_bias
+        return self.conv(u)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        # u: (B, L, D)
+        return self.conv_output(self._conv(u)) * self.projection(u) + u
+
+    def step(self, u_t: torch.Tensor, state):
+        """state: short conv -> its input window; long conv -> all inputs so far (B, t, D)."""
+        if self.long:
+            history = u_t[:, None] if state is None else torch.cat([state, u_t[:, None]], dim=1)
+            kernel = self.filter(history.shape[1]).flip(-1)                # (D, t): tap for each past step
+            c = (history * kernel.T).sum(1) + self.conv_bias
+            state = history
+        else:
+            c, state = self.conv.step(u_t, state)
+        return c * self.projection(u_t) + u_t, state

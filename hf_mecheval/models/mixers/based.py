@@ -1,0 +1,86 @@
+"""Based linear attention (Arora et al. 2024): causal linear attention with the 2nd-order
+Taylor feature map of exp(q·k/sqrt(F)).
+
+    phi(x) = [1, x / F^(1/4), vec(x x^T) / (sqrt(2) sqrt(F))]         (1 + F + F^2 features)
+    phi(q)·phi(k) = 1 + q·k/sqrt(F) + (q·k)^2 / (2F)                   (> 0 always)
+    y_t = sum_{s<=t} phi(q_t)·phi(k_s) v_s / (sum_{s<=t} phi(q_t)·phi(k_s) + eps)
+
+Training uses the exact quadratic view (the kernel matrix is L x L; L is small here). The
+recurrent view keeps the running state S_t = sum_{s<=t} phi(k_s) v_s^T (features x head_dim)
+and the normaliser z_t = sum_{s<=t} phi(k_s); both views are tested equal. q/k/v/out
+projections have no bias (as in the reference)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..sites import Site, rerun_from_patched_states
+
+EPS = 1e-12
+
+
+class BasedLinearAttention(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        D, self.F, self.H = config.hidden_size, config.feature_dim, config.num_attention_heads
+        self.head_dim = D // self.H
+        self.q_proj = nn.Linear(D, self.F * self.H, bias=False)
+        self.k_proj = nn.Linear(D, self.F * self.H, bias=False)
+        self.v_proj = nn.Linear(D, D, bias=False)
+        self.out_proj = nn.Linear(D, D, bias=False)
+        self.state = Site("running KV state S_t = sum phi(k_s) v_s^T, (batch, length, heads, 1+F+F^2, head_dim)",
+                          propagates_in_layer=True)
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (..., F) -> (..., 1 + F + F^2)
+        F_ = self.F
+        second = (x[..., :, None] * x[..., None, :]).flatten(-2) / (math.sqrt(2) * math.sqrt(F_))
+        return torch.cat([torch.ones_like(x[..., :1]), x / F_ ** 0.25, second], dim=-1)
+
+    def _qkv(self, x: torch.Tensor):
+        # x: (B, L, D) -> q, k (B, H, L, F); v (B, H, L, hd)
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.H, self.F).transpose(1, 2)
+        k = self.k_proj(x).view(B, L, self.H, self.F).transpose(1, 2)
+        v = self.v_proj(x).view(B, L, self.H, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self._qkv(x)
+        if self.state.wanted():
+            y = self._recurrent_view(q, k, v)
+        else:
+            s = q @ k.transpose(-1, -2) / math.sqrt(self.F)                # (B, H, L, L): q·k / sqrt(F)
+            a = (1 + s + 0.5 * s * s).tril()                                # phi(q)·phi(k), causal
+            y = (a @ v) / (a.sum(-1, keepdim=True) + EPS)                   # (B, H, L, hd)
+        return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
+
+    def _recurrent_view(self, q, k, v) -> torch.Tensor:
+        """Outputs through the explicit state trajectory (what the ``state`` site shows)."""
+        fq, fk = self.feature_map(q), self.feature_map(k)                  # (B, H, L, f)
+        kv = (fk[..., :, None] * v[..., None, :]).cumsum(2)                 # (B, H, L, f, hd)
+        states = kv.transpose(1, 2)                                          # (B, L, H, f, hd)
+        patched = self.state(states)
+        if patched is not states:                                            # S_t = S_{t-1} + ...: carry the patch
+            patched = rerun_from_patched_states(states, patched, lambda t, e: e)
+        z = fk.cumsum(2)                                                     # (B, H, L, f)
+        num = (fq[..., None, :] @ patched.transpose(1, 2)).squeeze(-2)     # (B, H, L, hd)
+        den = (fq * z).sum(-1, keepdim=True)
+        return num / (den + EPS)
+
+    def step(self, x_t: torch.Tensor, state):
+        """state: (S (B, H, f, hd), z (B, H, f))."""
+        B, D = x_t.shape
+        q, k, v = (t[:, :, 0] for t in self._qkv(x_t[:, None]))              # (B, H, F|hd)
+        fq, fk = self.feature_map(q), self.feature_map(k)
+        if state is None:
+            S = fk[..., :, None] * v[..., None, :]
+            z = fk
+        else:
+            S = state[0] + fk[..., :, None] * v[..., None, :]
+            z = state[1] + fk
+        y = (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + EPS)
+        return self.out_proj(y.reshape(B, D)), (S, z)

@@ -1,0 +1,151 @@
+"""H3 (Fu et al. 2023, "Hungry Hungry Hippos: Towards Language Modeling with State Space Models").
+
+    q, k, v = Wq x, Wk x, Wv x                       each (B, L, D), split into H heads of size P
+    k       = shift_ssm(k)                            learned causal kernel of length d_state per channel
+    S_h     = diag_ssm(k_h v_h^T)                     per head: P*P channels, each its own SSM
+    y_h[j]  = sum_i q_h[i] * S_h[i, j]                q contracts with k's index, as in attention
+    out     = Wo concat_h(y_h)
+
+The shift SSM has A = shift matrix, B = e_0, so its kernel is its C: K_shift[c, l] = C[c, l]
+for l < d_state (tap 0 = the current input, so it also plays the part of a skip term); its
+recurrent form is a shift register of the last d_state inputs. We keep that kernel in a
+:class:`ShortConv` (width d_state), which gives the register for ``step`` for free.
+
+The diagonal SSM is S4D-real: per channel c and state n, A[c, n] = -exp(A_log[c, n])
+(initialised to -(n+1)), step size dt_c = exp(log_dt_c), zero-order-hold discretisation
+
+    a = exp(dt A),   b = (exp(dt A) - 1) / A * B            (C, N)
+    h_t = a * h_{t-1} + b * u_t,   s_t = sum_n C h_t + D u_t
+
+ZOH on B keeps each state's gain b / (1 - a) = B / -A bounded whatever dt is (a bare B would
+amplify slow channels by 1/(1 - a), up to ~1000x at dt = 1e-3). Unrolled, the SSM is the causal
+convolution with kernel K[c, l] = sum_n C b a^l, which is what ``forward`` uses unless someone
+wants the state trajectory (see ``self.state``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..convolutions import ShortConv, causal_conv
+from ..sites import Site
+
+
+class H3(nn.Module):
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        D, N, P = config.hidden_size, config.d_state, config.head_dim
+        self.layer_idx = layer_idx
+        self.hidden_size, self.d_state, self.head_dim = D, N, P
+        self.num_heads = D // P
+        # one diagonal SSM per entry of each head's P x P outer product k v^T
+        self.channels = C = self.num_heads * P * P  # = D * P
+
+        self.q_proj = nn.Linear(D, D)
+        self.k_proj = nn.Linear(D, D)
+        self.v_proj = nn.Linear(D, D)
+        self.out_proj = nn.Linear(D, D)
+
+        # shift SSM on k: weight (D, 1, N), tap j looks back N-1-j steps (ShortConv's layout)
+        self.shift = ShortConv(D, N, bias=False)
+
+        # diagonal SSM (S4D-real), all (C, N) or (C,)
+        log_dt = math.log(1e-3) + torch.rand(C) * (math.log(1e-1) - math.log(1e-3))  # log-uniform dt
+        self.log_dt = nn.Parameter(log_dt)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(C, 1))
+        self.B = nn.Parameter(torch.ones(C, N))
+        self.C = nn.Parameter(torch.randn(C, N))
+        self.D = nn.Parameter(torch.randn(C))
+
+        self.conv_output = Site("shift-SSM output on K, (batch, length, hidden)")
+        self.state = Site("diagonal SSM state trajectory, (batch, length, channels, d_state)",
+                          propagates_in_layer=True)
+
+    # --- pieces shared by forward and step ---------------------------------------------------
+
+    def _discretize(self):
+        """ZOH: returns dt A (log of the decay a = exp(dt A)) and b = (exp(dt A) - 1) / A * B, both (C, N)."""
+        A = -torch.exp(self.A_log)                       # (C, N), negative
+        dtA = torch.exp(self.log_dt)[:, None] * A        # (C, N)
+        return dtA, torch.expm1(dtA) / A * self.B
+
+    def _outer(self, k, v):
+        """k, v: (..., D) -> per-head k_h v_h^T flattened to (..., C), channel = (head, i, j)."""
+        H, P = self.num_heads, self.head_dim
+        return (k.unflatten(-1, (H, P))[..., :, None] * v.unflatten(-1, (H, P))[..., None, :]).flatten(-3)
+
+    def _contract(self, q, s):
+        """q: (..., D), s: (..., C) -> y (..., D), y_h[j] = sum_i q_h[i] s_h[i, j]."""
+        H, P = self.num_heads, self.head_dim
+        y = torch.einsum("...hi,...hij->...hj", q.unflatten(-1, (H, P)), s.unflatten(-1, (H, P, P)))
+        return y.flatten(-2)
+
+    # --- parallel form ------------------------------------------------------------------------
+
+    def shift_kernel(self, L: int) -> torch.Tensor:
+        """(D, max(L, N)); column l = weight on the input l steps back."""
+        k = self.shift.weight[:, 0].flip(-1)              # ShortConv stores the oldest tap first
+        return F.pad(k, (0, max(0, L - self.d_state)))
+
+    def ssm_kernel(self, L: int) -> torch.Tensor:
+        """K[c, l] = sum_n C b a^l, (C, L); a^l computed as exp(l dt A), no repeated products."""
+        dtA, b = self._discretize()                                                # (C, N)
+        work = torch.promote_types(dtA.dtype, torch.float32)  # positions > 256 are not exact in half precision
+        pos = torch.arange(L, device=dtA.device, dtype=work)
+        powers = torch.exp(dtA.to(work)[..., None] * pos)                         # (C, N, L)
+        return torch.einsum("cn,cnl->cl", (self.C * b).to(work), powers).to(dtA.dtype)
+
+    def _scan(self, u, a, b, patched=None, changed=None):
+        """States h_t = a h_{t-1} + b u_t, (B, L, C, N). Where ``changed`` (same shape) is set,
+        h_t is replaced by ``patched`` and the recurrence continues from the replaced value."""
+        h = u.new_zeros(u.shape[0], *a.shape)             # (B, C, N)
+        states = []
+        for t in range(u.shape[1]):
+            h = a * h + b * u[:, t, :, None]
+            if patched is not None:
+                h = torch.where(changed[:, t], patched[:, t], h)
+            states.append(h)
+        return torch.stack(states, dim=1)
+
+    def _ssm_via_states(self, u):
+        """The diagonal SSM through its explicit state trajectory, so it can be read and patched."""
+        dtA, b = self._discretize()
+        a = torch.exp(dtA)
+        h = self._scan(u, a, b)                           # (B, L, C, N)
+        patched = self.state(h)
+        if patched is not h:
+            # An element counts as patched where it differs from the computed state; re-run the
+            # recurrence so the patch propagates to later positions of this layer. (A hook that edits
+            # the states in place and returns None is not seen as a patch: return a new tensor.)
+            h = self._scan(u, a, b, patched=patched, changed=patched != h)
+        return (h * self.C).sum(-1) + self.D * u          # (B, L, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        L = x.shape[1]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)              # (B, L, D)
+        k = self.conv_output(causal_conv(k, self.shift_kernel(L)))             # (B, L, D)
+        u = self._outer(k, v)                                                  # (B, L, C)
+        if self.state.wanted():
+            s = self._ssm_via_states(u)
+        else:  # fast path: the SSM unrolled into one long convolution
+            s = causal_conv(u, self.ssm_kernel(L)) + self.D * u                # (B, L, C)
+        return self.out_proj(self._contract(q, s))
+
+    # --- recurrent form -----------------------------------------------------------------------
+
+    def step(self, x_t: torch.Tensor, state=None):
+        """x_t: (B, D). state = (shift register (B, N-1, D), SSM state (B, C, N)) or None."""
+        window, h = (None, None) if state is None else state
+        q, k, v = self.q_proj(x_t), self.k_proj(x_t), self.v_proj(x_t)       # (B, D)
+        k, window = self.shift.step(k, window)
+        u = self._outer(k, v)                                                  # (B, C)
+        dtA, b = self._discretize()
+        if h is None:
+            h = u.new_zeros(u.shape[0], *b.shape)
+        h = torch.exp(dtA) * h + b * u[..., None]                              # (B, C, N)
+        s = (h * self.C).sum(-1) + self.D * u
+        return self.out_proj(self._contract(q, s)), (window, h)

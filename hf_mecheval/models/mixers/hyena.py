@@ -1,0 +1,55 @@
+"""Order-2 Hyena operator (Poli et al. 2023, "Hyena Hierarchy").
+
+    x0, x1, v = split(short_conv(in_proj(x)))        each (B, L, D)
+    v = v * x1                                        first gate
+    v = long_conv(v, h) + bias * v                    h: implicit filter as long as the sequence
+    out = out_proj(v * x0)                            second gate
+
+The long filter h (D, L) comes from :class:`ImplicitFilter` (positional MLP with sine activations
+and an exponential decay window). The recurrent form keeps the short conv's window and the whole
+history of gated v: the filter is as long as the sequence, so each step convolves the history.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..convolutions import ImplicitFilter, ShortConv, causal_conv
+from ..sites import Site
+
+
+class HyenaOperator(nn.Module):
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        D = config.hidden_size
+        self.layer_idx = layer_idx
+        self.hidden_size = D
+        self.in_proj = nn.Linear(D, 3 * D)
+        self.short_conv = ShortConv(3 * D, config.short_conv_kernel)
+        self.filter = ImplicitFilter(D, config.max_filter_length, order=config.filter_order,
+                                     emb_dim=config.filter_emb_dim, sine_freq=config.filter_sine_freq,
+                                     decay=True)
+        self.bias = nn.Parameter(torch.randn(D))  # skip term of the long conv, per channel
+        self.out_proj = nn.Linear(D, D)
+        self.conv_output = Site("short-conv output, (batch, length, 3 * hidden) = (x0, x1, v)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        L = x.shape[1]
+        z = self.conv_output(self.short_conv(self.in_proj(x)))   # (B, L, 3D)
+        x0, x1, v = z.chunk(3, dim=-1)                           # (B, L, D) each
+        v = v * x1
+        v = causal_conv(v, self.filter(L)) + self.bias * v       # filter: (D, L)
+        return self.out_proj(v * x0)
+
+    def step(self, x_t: torch.Tensor, state=None):
+        """x_t: (B, D). state = (short-conv window (B, K-1, 3D), gated-v history (B, t, D)) or None."""
+        window, history = (None, None) if state is None else state
+        z, window = self.short_conv.step(self.in_proj(x_t), window)  # (B, 3D)
+        x0, x1, v = z.chunk(3, dim=-1)
+        v = v * x1                                                     # (B, D)
+        history = v[:, None] if history is None else torch.cat([history, v[:, None]], dim=1)  # (B, t+1, D)
+        t = history.shape[1]
+        h = self.filter(t).flip(-1)                                    # (D, t): column s = tap for lag t-1-s
+        y = torch.einsum("bsd,ds->bd", history, h) + self.bias * v
+        return self.out_proj(y * x0), (window, history)

@@ -1,0 +1,138 @@
+"""Mamba (selective SSM) mixer, Gu & Dao 2023, in PyTorch.
+
+    x, z   = in_proj(u)                                  (B, L, E) each, E = expand * D
+    x      = silu(conv(x))   (conv_kernel > 0)   or  silu(x)   (conv_kernel = 0: no convolution)
+    dt, B, C = x_proj(x) split (R, N, N);  dt = softplus(dt_proj(dt) + dt_bias)   (B, L, E)
+    h_t    = exp(dt_t A) * h_{t-1} + dt_t B_t x_t        h: (B, E, N), A = -exp(A_log) (E, N)
+    y_t    = C_t · h_t + D * x_t;   y = y * silu(z);   out = out_proj(y)
+
+The scan runs as a custom autograd function with hand-written forward and backward loops over
+time, in place on preallocated buffers (no per-step autograd graph): at these lengths that is
+the fastest PyTorch form on a CPU. The state trajectory h is materialised anyway (the backward
+needs it), so the ``state`` site is always live and costs nothing extra.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .. import kernels
+from ..convolutions import ShortConv
+from ..sites import Site, rerun_from_patched_states
+
+
+class LinearScan(torch.autograd.Function):
+    """H_t = dA_t * H_{t-1} + dBx_t (H_{-1} = 0) over dim 1. dA, dBx: (B, L, E, N) -> H (B, L, E, N)."""
+
+    @staticmethod
+    def forward(ctx, dA: torch.Tensor, dBx: torch.Tensor) -> torch.Tensor:
+        H = torch.empty_like(dBx)
+        H[:, 0] = dBx[:, 0]
+        for t in range(1, dBx.shape[1]):
+            torch.addcmul(dBx[:, t], dA[:, t], H[:, t - 1], out=H[:, t])
+        ctx.save_for_backward(dA, H)
+        return H
+
+    @staticmethod
+    def backward(ctx, grad_H: torch.Tensor):
+        dA, H = ctx.saved_tensors
+        # G_t = dLoss/dH_t through every path: G_t = grad_H_t + dA_{t+1} * G_{t+1}
+        G = grad_H.clone()
+        for t in range(G.shape[1] - 2, -1, -1):
+            G[:, t].addcmul_(dA[:, t + 1], G[:, t + 1])
+        grad_dA = torch.zeros_like(dA)
+        torch.mul(G[:, 1:], H[:, :-1], out=grad_dA[:, 1:])   # dA_0 multiplies H_{-1} = 0
+        return grad_dA, G
+
+
+class MambaMixer(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        D, E, N, R = config.hidden_size, config.intermediate_ssm_size, config.d_state, config.time_step_rank
+        self.E, self.N, self.R = E, N, R
+        self.config = config
+        self.in_proj = nn.Linear(D, 2 * E, bias=False)
+        self.conv = ShortConv(E, config.conv_kernel, bias=True) if config.conv_kernel > 0 else None
+        self.x_proj = nn.Linear(E, R + 2 * N, bias=False)
+        self.dt_proj = nn.Linear(R, E, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(E))
+        self.A_log = nn.Parameter(torch.empty(E, N))
+        self.D = nn.Parameter(torch.empty(E))
+        self.out_proj = nn.Linear(E, D, bias=False)
+        if self.conv is not None:
+            self.conv_output = Site("short-conv output after SiLU, (batch, length, expand*hidden)")
+        self.state = Site("SSM state trajectory h_t, (batch, length, expand*hidden, d_state)", propagates_in_layer=True)
+        self.init_mecheval_parameters()
+
+    @torch.no_grad()
+    def init_mecheval_parameters(self) -> None:
+        """S4D-real A, D = 1, dt in [dt_min, dt_max] log-uniformly (through an inverse-softplus
+        bias), dt_proj uniform in +-R^-1/2."""
+        c = self.config
+        self.A_log.copy_(torch.log(torch.arange(1, self.N + 1, dtype=torch.float32)).repeat(self.E, 1))
+        self.D.fill_(1.0)
+        bound = self.R ** -0.5
+        self.dt_proj.weight.uniform_(-bound, bound)
+        dt = torch.exp(torch.rand(self.E) * (math.log(c.dt_max) - math.log(c.dt_min)) + math.log(c.dt_min))
+        dt = dt.clamp(min=c.dt_init_floor)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def _activated_x(self, x: torch.Tensor) -> torch.Tensor:
+        if self.conv is None:
+            return F.silu(x)
+        return self.conv_output(F.silu(self.conv(x)))
+
+    def _ssm_inputs(self, x: torch.Tensor):
+        # x: (..., E) -> dt (..., E), B (..., N), C (..., N)
+        dt, B, C = self.x_proj(x).split([self.R, self.N, self.N], dim=-1)
+        return F.softplus(self.dt_proj(dt) + self.dt_bias), B, C
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        # u: (B, L, D)
+        if not self.state.wanted() and kernels.use_kernels("mamba", self.config.kernels, u.device):
+            return self._forward_cuda(u)
+        x, z = self.in_proj(u).chunk(2, dim=-1)                               # (B, L, E) each
+        x = self._activated_x(x)
+        dt, B, C = self._ssm_inputs(x)
+        A = -torch.exp(self.A_log)                                             # (E, N)
+        dA = torch.exp(dt[..., None] * A)                                      # (B, L, E, N)
+        dBx = (dt * x)[..., None] * B[:, :, None, :]                           # (B, L, E, N)
+        H = LinearScan.apply(dA, dBx)
+        patched = self.state(H)
+        if patched is not H:
+            H = rerun_from_patched_states(H, patched, lambda t, e: dA[:, t] * e)
+        y = (H @ C[..., None]).squeeze(-1) + self.D * x                        # (B, L, E)
+        return self.out_proj(y * F.silu(z))
+
+    def _forward_cuda(self, u: torch.Tensor) -> torch.Tensor:
+        selective_scan_fn, causal_conv1d_fn = kernels.mamba_kernels()
+        x, z = self.in_proj(u).transpose(1, 2).chunk(2, dim=1)                 # (B, E, L)
+        if self.conv is None:
+            x = F.silu(x)
+        else:
+            x = causal_conv1d_fn(x, self.conv.weight[:, 0], self.conv.bias, activation="silu")
+            x = self.conv_output(x.transpose(1, 2)).transpose(1, 2)
+        dt, B, C = self.x_proj(x.transpose(1, 2)).split([self.R, self.N, self.N], dim=-1)
+        dt = self.dt_proj(dt).transpose(1, 2)                                  # (B, E, L), softplus in kernel
+        y = selective_scan_fn(x, dt, -torch.exp(self.A_log.float()), B.transpose(1, 2), C.transpose(1, 2),
+                              self.D.float(), z=z, delta_bias=self.dt_bias.float(), delta_softplus=True)
+        return self.out_proj(y.transpose(1, 2))
+
+    def step(self, u_t: torch.Tensor, state):
+        """state: (conv window (B, K-1, E) or None, h (B, E, N))."""
+        window, h = (None, None) if state is None else state
+        x, z = self.in_proj(u_t).chunk(2, dim=-1)                              # (B, E)
+        if self.conv is None:
+            x = F.silu(x)
+        else:
+            x, window = self.conv.step(x, window)
+            x = F.silu(x)
+        dt, B, C = self._ssm_inputs(x)
+        A = -torch.exp(self.A_log)
+        dBx = (dt * x)[..., None] * B[:, None, :]
+        h = dBx if h is None else torch.exp(dt[..., None] * A) * h + dBx
+        y = (h @ C[..., None]).squeeze(-1) + self.D * x
+        return self.out_proj(y * F.silu(z)), (window, h)

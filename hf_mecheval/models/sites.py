@@ -1,0 +1,76 @@
+"""Intervention sites: named identity modules that activations flow through.
+
+Every activation an intervention may read or replace passes through a :class:`Site` module,
+so it is reachable by name (``model.get_site("layers.1.input")``) and by plain torch forward
+hooks, nnsight and pyvene alike: a forward hook that returns a tensor replaces the activation.
+
+Standard sites, identical for every architecture (``L`` = layer index), all (batch, length, hidden):
+
+=========================  ==========================================================
+``layers.L.input``         residual stream entering block L
+``layers.L.mixer_input``   normalised residual stream, the sequence mixer's input
+``layers.L.mixer_output``  the mixer's output, before it is added to the residual stream
+``layers.L.mlp_input``     normalised residual stream entering the MLP (where there is one)
+``layers.L.mlp_output``    the MLP's output (where there is one)
+``layers.L.output``        residual stream leaving block L
+=========================  ==========================================================
+
+A patch at position p of any of these changes later positions only through the mixers of
+later computation (never directly). Mixers declare their internal sites as Site attributes,
+e.g. ``layers.L.mixer.conv_output`` (short-convolution output, (batch, length, channels):
+a patch there reaches later positions only through the later layers) and
+``layers.L.mixer.state`` (the recurrent state trajectory: a patch of the state at position p
+*does* propagate to later positions of the same layer, because the recurrence is re-run from
+the patched state). Each Site carries ``propagates`` saying which.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Site(nn.Module):
+    """Identity; exists so that the activation has a name and a hook point."""
+
+    def __init__(self, description: str, propagates_in_layer: bool = False):
+        super().__init__()
+        self.description = description
+        self.propagates = propagates_in_layer
+
+        self.materialize = False
+
+    def wanted(self) -> bool:
+        """Whether anyone may read or patch this site now: a hook is registered on it, or
+        ``materialize`` was set (``model.materialize_sites(True)``). Mixers use it to skip
+        materialising expensive activations (recurrent state trajectories) nobody asked for."""
+        return self.materialize or bool(self._forward_hooks or self._forward_pre_hooks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return self.description
+
+
+def rerun_from_patched_states(original: torch.Tensor, patched: torch.Tensor, transition) -> torch.Tensor:
+    """State trajectory after patching, for a recurrence that is linear in its state.
+
+    original, patched: (B, L, ...) state trajectories (``patched`` came back from a state Site).
+    transition(t, e): the recurrence's homogeneous part applied to a state difference e at step
+    t (e.g. ``a_t * e`` for a diagonal SSM), shape (B, ...) -> (B, ...).
+
+    Semantics: wherever ``patched`` differs from ``original`` at (b, t), the state is *replaced*
+    there; later states continue the recurrence from it. Because the recurrence is linear in
+    the state, the result is ``original + e`` where ``e_t = patched_t - original_t`` at patched
+    steps and ``e_t = transition(t, e_{t-1})`` elsewhere (``e_{-1} = 0``).
+    """
+    B, L = original.shape[:2]
+    delta = patched - original
+    changed = (delta != 0).reshape(B, L, -1).any(-1)                  # (B, L)
+    shape = (B,) + (1,) * (original.dim() - 2)
+    out, e = [], torch.zeros_like(original[:, 0])
+    for t in range(L):
+        carried = transition(t, e) if t > 0 else e
+        e = torch.where(changed[:, t].reshape(shape), delta[:, t], carried)
+        out.append(e)
+    return original + torch.stack(out, dim=1)

@@ -1,0 +1,236 @@
+"""All seven architectures through one backbone: parameter counts, causality, recurrent
+equivalence, gradients, sites, the Auto classes and save/load."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+import hf_mecheval  # noqa: F401  (registers the Auto classes)
+from hf_mecheval.errors import ConfigError, MechEvalError
+from hf_mecheval.models import MODEL_CLASSES, build_model
+
+TINY = {
+    "transformer": dict(max_position_embeddings=16),
+    "based": dict(feature_dim=4, max_filter_length=16),
+    "baseconv": dict(kernel_schedule=[3, "long"], long_filter_order=8, max_filter_length=16),
+    "h3": dict(d_state=8, head_dim=2),
+    "hyena": dict(filter_order=8, max_filter_length=16),
+    "mamba": dict(d_state=4),
+    "deltanet": dict(num_attention_heads=2, chunk_size=4),
+}
+ARCHS = list(TINY)
+
+
+def tiny(arch, **extra):
+    torch.manual_seed(0)
+    fields = dict(vocab_size=11, hidden_size=8, num_hidden_layers=2, **TINY[arch])
+    fields.update(extra)
+    return build_model(arch, **fields)
+
+
+def count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch, fields, expected", [
+    ("mamba", dict(num_hidden_layers=1, hidden_size=256), 445_184),
+    ("mamba", dict(num_hidden_layers=2, hidden_size=128), 236_800),
+    ("transformer", dict(num_hidden_layers=2, hidden_size=256, max_position_embeddings=1024), 1_847_296),
+    ("based", dict(num_hidden_layers=2, hidden_size=128), 319_872),
+])
+def test_reference_parameter_counts(arch, fields, expected):
+    assert count(build_model(arch, vocab_size=26, **fields)) == expected
+
+
+def test_print_parameter_counts_of_the_others(capsys):
+    with capsys.disabled():
+        print("\nparameters (vocabulary 26, 2 layers, defaults):")
+        for arch in ("h3", "hyena", "baseconv", "deltanet", "mamba", "based"):
+            counts = [count(build_model(arch, vocab_size=26, hidden_size=d)) for d in (64, 128, 256)]
+            print(f"  {arch:<9} hidden 64/128/256: " + " / ".join(f"{c:,}" for c in counts))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_causal(arch):
+    model = tiny(arch).double().eval()
+    ids = torch.randint(3, 11, (2, 12))
+    other = ids.clone()
+    t = 6
+    other[:, t] = (ids[:, t] - 3 + 1) % 8 + 3
+    with torch.no_grad():
+        a, b = model(ids).logits, model(other).logits
+    assert torch.allclose(a[:, :t], b[:, :t], atol=1e-12)
+    assert not torch.allclose(a[:, t:], b[:, t:])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recurrent_form_equals_parallel_form(arch):
+    model = tiny(arch).double().eval()
+    ids = torch.randint(3, 11, (3, 13))
+    with torch.no_grad():
+        parallel = model(ids).logits
+    recurrent = model.step_logits(ids)
+    assert (parallel - recurrent).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gradient_reaches_every_parameter(arch):
+    model = tiny(arch)
+    ids = torch.randint(3, 11, (4, 12))
+    model(ids).logits.square().mean().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_answer_only_loss_equals_full_cross_entropy(arch):
+    model = tiny(arch).eval()
+    ids = torch.randint(3, 11, (4, 12))
+    labels = torch.full_like(ids, -100)
+    answer_pos = torch.tensor([5, 9, 11, 7])
+    labels[torch.arange(4), answer_pos] = ids[torch.arange(4), answer_pos]
+    out = model(ids, labels=labels)
+    full = model(ids).logits
+    want = torch.nn.functional.cross_entropy(full[torch.arange(4), answer_pos - 1], ids[torch.arange(4), answer_pos])
+    assert out.logits.shape == (4, 1, 11)
+    assert torch.allclose(out.loss, want, atol=1e-6)
+    assert torch.allclose(out.logits[:, 0], full[torch.arange(4), answer_pos - 1], atol=1e-6)
+    # per-row positions through logits_to_keep
+    kept = model(ids, logits_to_keep=(answer_pos - 1)[:, None]).logits
+    assert torch.allclose(kept[:, 0], out.logits[:, 0], atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_standard_sites_and_errors(arch):
+    model = tiny(arch)
+    names = model.site_names()
+    has_mlp = arch != "mamba"
+    for layer in range(2):
+        for site in ("input", "mixer_input", "mixer_output", "output") + (("mlp_input", "mlp_output") if has_mlp else ()):
+            assert f"layers.{layer}.{site}" in names
+    if not has_mlp:
+        assert not any("mlp" in n for n in names)
+    with pytest.raises(MechEvalError, match="valid sites: layers.0.input"):
+        model.get_site("layers.9.input")
+
+
+def test_internal_sites_where_the_spec_asks():
+    assert "layers.0.mixer.state" in tiny("mamba").site_names()
+    assert "layers.0.mixer.conv_output" in tiny("mamba").site_names()
+    assert "layers.0.mixer.conv_output" not in tiny("mamba", conv_kernel=0).site_names()
+    assert "layers.1.mixer.state" in tiny("based").site_names()          # odd layers: linear attention
+    assert "layers.0.mixer.conv_output" in tiny("based").site_names()    # even layers: BaseConv
+    assert "layers.0.mixer.state" in tiny("deltanet").site_names()
+
+
+def test_site_hooks_read_and_replace():
+    model = tiny("transformer").eval()
+    ids = torch.randint(3, 11, (2, 10))
+    seen = {}
+    site = model.get_site("layers.1.input")
+    h = site.register_forward_hook(lambda m, i, o: seen.setdefault("x", o.clone()))
+    clean = model(ids).logits
+    h.remove()
+    out0 = model.model.layers[0](model.model.embed(ids))
+    assert torch.allclose(seen["x"], out0)
+    h = site.register_forward_hook(lambda m, i, o: torch.zeros_like(o))
+    patched = model(ids).logits
+    h.remove()
+    assert not torch.allclose(clean, patched)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_auto_classes_and_safetensors_round_trip(arch, tmp_path):
+    model = tiny(arch).eval()
+    model_type = MODEL_CLASSES[arch][0].model_type
+    assert model_type == f"mecheval-{arch}"
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    ids = torch.randint(3, 11, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    config = AutoConfig.for_model(model_type, hidden_size=16, vocab_size=20)
+    base = AutoModel.from_config(config)
+    assert type(base) is MODEL_CLASSES[arch][1]
+
+
+def test_hf_configs_accept_standard_extra_keys():
+    config = AutoConfig.for_model("mecheval-mamba", hidden_size=16, conv_kernel=0, output_attentions=False,
+                                  architectures=["MechEvalMambaForCausalLM"], my_note="kept")
+    assert config.conv_kernel == 0 and config.my_note == "kept"
+
+
+@pytest.mark.parametrize("arch, fields, field", [
+    ("mamba", dict(conv_kernel=-1), "conv_kernel"),
+    ("mamba", dict(hidden_size=-4), "hidden_size"),
+    ("mamba", dict(conv_kernel=1, kernels="cuda"), "conv_kernel"),
+    ("mamba", dict(kernels="triton"), "kernels"),
+    ("transformer", dict(num_attention_heads=3), "num_attention_heads"),
+    ("based", dict(short_conv_kernel=0), "short_conv_kernel"),
+    ("baseconv", dict(kernel_schedule=[3, "huge"]), "kernel_schedule"),
+    ("deltanet", dict(use_short_conv="yes"), "use_short_conv"),
+    ("h3", dict(head_dim=3), "head_dim"),
+    ("hyena", dict(filter_emb_dim=4), "filter_emb_dim"),
+])
+def test_invalid_configs_name_the_field(arch, fields, field):
+    with pytest.raises(ConfigError) as info:
+        build_model(arch, **fields)
+    assert info.value.field == field
+
+
+def test_unknown_architecture():
+    with pytest.raises(ConfigError, match="transformer, based"):
+        build_model("rwkv")
+
+
+def test_ablation_knobs_change_the_model():
+    assert count(tiny("mamba", conv_kernel=0)) < count(tiny("mamba", conv_kernel=2)) < count(tiny("mamba"))
+    assert count(tiny("deltanet", use_short_conv=False)) < count(tiny("deltanet"))
+    assert count(tiny("based", short_conv_kernel="long")) != count(tiny("based"))
+    three = tiny("transformer", num_hidden_layers=3)
+    assert len(three.model.layers) == 3
+    assert tiny("transformer", max_position_embeddings=0).model.embed_positions is None
+
+
+def test_package_import_is_light_and_registers():
+    code = ("import sys, hf_mecheval; from transformers import AutoConfig; "
+            "AutoConfig.for_model('mecheval-deltanet'); "
+            "bad = [m for m in ('fla', 'mamba_ssm', 'causal_conv1d', 'datasets', 'hf_mecheval.tasks') if m in sys.modules]; "
+            "print(bad); assert not bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the [cuda] extra")
+@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
+def test_kernel_path_matches_torch_path(arch):
+    import time
+
+    torch.manual_seed(0)
+    fields = dict(vocab_size=8196, hidden_size=256)
+    fast = build_model(arch, kernels="cuda", **fields).cuda()
+    ref = build_model(arch, kernels="torch", **fields).cuda()
+    ref.load_state_dict(fast.state_dict())
+    ids = torch.randint(3, 8196, (32, 37), device="cuda")
+    outs = {}
+    for name, m in (("cuda", fast), ("torch", ref)):
+        m.zero_grad()
+        logits = m(ids).logits
+        logits.float().square().mean().backward()
+        outs[name] = (logits.detach(), {n: p.grad.clone() for n, p in m.named_parameters()})
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            m(ids).logits.float().square().mean().backward()
+        torch.cuda.synchronize()
+        outs[name] += ((time.perf_counter() - t0) / 20,)
+    err = (outs["cuda"][0] - outs["torch"][0]).abs().max().item()
+    gerr = max((outs["cuda"][1][n] - outs["torch"][1][n]).abs().max().item() for n in outs["cuda"][1])
+    print(f"{arch}: forward max|diff| {err:.2e}, grad max|diff| {gerr:.2e}, speed-up {outs['torch'][2] / outs['cuda'][2]:.1f}x")
+    assert err < 1e-3 and gerr < 1e-2
