@@ -107,7 +107,7 @@ class MechEvalPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, (nn.LayerNorm, RMSNorm)):
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm, RMSNorm)):
             init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)

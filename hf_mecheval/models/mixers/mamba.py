@@ -24,28 +24,80 @@ from ..convolutions import ShortConv
 from ..sites import Site, rerun_from_patched_states
 
 
+def selective_scan_reference(x, dt, A, B, C):
+    """The readable reference: h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t, y_t = C_t · h_t.
+
+    x, dt: (B, L, E); A: (E, N); B, C: (B, L, N) -> y (B, L, E), states (B, L, E, N)."""
+    h = x.new_zeros(x.shape[0], *A.shape)
+    states = []
+    for t in range(x.shape[1]):
+        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * x[:, t])[..., None] * B[:, t, None, :]
+        states.append(h)
+    H = torch.stack(states, dim=1)
+    return (H * C[:, :, None, :]).sum(-1), H
+
+
 class LinearScan(torch.autograd.Function):
-    """H_t = dA_t * H_{t-1} + dBx_t (H_{-1} = 0) over dim 1. dA, dBx: (B, L, E, N) -> H (B, L, E, N)."""
+    """H_t = dA_t * H_{t-1} + dBx_t (H_{-1} = 0) over dim 1. dA, dBx: (B, L, E, N) -> H (B, L, E, N).
+    Used where the state trajectory is wanted (it is an output that a Site may patch)."""
 
     @staticmethod
     def forward(ctx, dA: torch.Tensor, dBx: torch.Tensor) -> torch.Tensor:
-        H = torch.empty_like(dBx)
-        H[:, 0] = dBx[:, 0]
-        for t in range(1, dBx.shape[1]):
-            torch.addcmul(dBx[:, t], dA[:, t], H[:, t - 1], out=H[:, t])
+        H = dBx.clone()
+        for t in range(1, H.shape[1]):
+            H[:, t].addcmul_(dA[:, t], H[:, t - 1])
         ctx.save_for_backward(dA, H)
         return H
 
     @staticmethod
     def backward(ctx, grad_H: torch.Tensor):
         dA, H = ctx.saved_tensors
-        # G_t = dLoss/dH_t through every path: G_t = grad_H_t + dA_{t+1} * G_{t+1}
-        G = grad_H.clone()
-        for t in range(G.shape[1] - 2, -1, -1):
-            G[:, t].addcmul_(dA[:, t + 1], G[:, t + 1])
+        G = _reverse_scan(grad_H.clone(), dA)
         grad_dA = torch.zeros_like(dA)
         torch.mul(G[:, 1:], H[:, :-1], out=grad_dA[:, 1:])   # dA_0 multiplies H_{-1} = 0
         return grad_dA, G
+
+
+def _reverse_scan(G: torch.Tensor, dA: torch.Tensor) -> torch.Tensor:
+    """In place: G_t += dA_{t+1} * G_{t+1}, from the end (dLoss/dH_t through every later step)."""
+    for t in range(G.shape[1] - 2, -1, -1):
+        G[:, t].addcmul_(dA[:, t + 1], G[:, t + 1])
+    return G
+
+
+class SelectiveScan(torch.autograd.Function):
+    """Fused training path: y = selective_scan_reference(x, dt, A, B, C)[0], with hand-written
+    forward and backward that touch each (B, L, E, N) tensor as few times as possible and keep
+    no per-step autograd graph. Tested against the reference (values and gradients)."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C):
+        dtx = dt * x                                                          # (B, L, E)
+        dA = torch.exp(dt[..., None] * A)                                     # (B, L, E, N)
+        H = dtx[..., None] * B[:, :, None, :]                                 # dBx, scanned in place
+        for t in range(1, H.shape[1]):
+            H[:, t].addcmul_(dA[:, t], H[:, t - 1])
+        y = torch.bmm(H.flatten(0, 1), C.flatten(0, 1)[..., None]).view_as(x)
+        ctx.save_for_backward(x, dt, A, B, C, dtx, dA, H)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, dt, A, B, C, dtx, dA, H = ctx.saved_tensors
+        BL = x.shape[0] * x.shape[1]
+        gy = gy.contiguous()
+        # dL/dC_t = sum_e gy_t,e H_t,e
+        grad_C = torch.bmm(gy.view(BL, 1, -1), H.flatten(0, 1)).view_as(C)
+        # dL/dH_t through y_t, then through later steps
+        G = _reverse_scan(gy[..., None] * C[:, :, None, :], dA)              # (B, L, E, N)
+        grad_B = torch.bmm(dtx.view(BL, 1, -1), G.flatten(0, 1)).view_as(B)
+        grad_dtx = torch.bmm(G.flatten(0, 1), B.flatten(0, 1)[..., None]).view_as(x)
+        # dL/d(dt A)_t = G_t * H_{t-1} * dA_t (zero at t = 0); reuse G's memory
+        G[:, 1:].mul_(H[:, :-1]).mul_(dA[:, 1:])
+        G[:, 0].zero_()
+        grad_dt = grad_dtx * x + (G * A).sum(-1)
+        grad_A = torch.einsum("blen,ble->en", G, dt)
+        return grad_dtx * dt, grad_dt, grad_A, grad_B, grad_C
 
 
 class MambaMixer(nn.Module):
@@ -98,14 +150,16 @@ class MambaMixer(nn.Module):
         x = self._activated_x(x)
         dt, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)                                             # (E, N)
-        dA = torch.exp(dt[..., None] * A)                                      # (B, L, E, N)
-        dBx = (dt * x)[..., None] * B[:, :, None, :]                           # (B, L, E, N)
-        H = LinearScan.apply(dA, dBx)
-        patched = self.state(H)
-        if patched is not H:
-            H = rerun_from_patched_states(H, patched, lambda t, e: dA[:, t] * e)
-        y = (H @ C[..., None]).squeeze(-1) + self.D * x                        # (B, L, E)
-        return self.out_proj(y * F.silu(z))
+        if not self.state.wanted():
+            y = SelectiveScan.apply(x, dt, A, B, C)                            # (B, L, E)
+        else:  # the state trajectory goes through its Site, where it may be read or patched
+            dA = torch.exp(dt[..., None] * A)                                  # (B, L, E, N)
+            H = LinearScan.apply(dA, (dt * x)[..., None] * B[:, :, None, :])
+            patched = self.state(H)
+            if patched is not H:
+                H = rerun_from_patched_states(H, patched, lambda t, e: dA[:, t] * e)
+            y = (H * C[:, :, None, :]).sum(-1)
+        return self.out_proj((y + self.D * x) * F.silu(z))
 
     def _forward_cuda(self, u: torch.Tensor) -> torch.Tensor:
         selective_scan_fn, causal_conv1d_fn = kernels.mamba_kernels()

@@ -1,0 +1,251 @@
+"""DeltaNet: linear attention whose fast-weight state is updated by the delta rule.
+
+Per head, with L2-normalised query/key q_t, k_t (dk), value v_t (dv) and a write strength
+beta_t in (0, 1), the state S_t (dk, dv) is a key -> value memory:
+
+    S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T      (replace what k_t retrieved by v_t)
+        = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
+    o_t = S_t^T q_t
+
+The layer follows flash-linear-attention's DeltaNet with its default settings: bias-free q, k,
+v projections, each through a causal depthwise short convolution + SiLU, beta = sigmoid of a
+per-head projection, L2-normalised q and k, per-head RMSNorm on the output, bias-free output
+projection.
+
+Three computations of the delta rule, tested against each other:
+
+* :func:`delta_rule_recurrent`: the plain loop over time (the readable reference; optionally
+  returns the whole state trajectory);
+* :func:`delta_rule_chunked`: the chunkwise-parallel WY/UT form of Yang et al. 2024
+  ("Parallelizing Linear Transformers with the Delta Rule over Sequence Length"), the training
+  path of ``forward``;
+* :func:`delta_rule_replay`: re-runs the recurrence from a patched state trajectory, so that a
+  patch of the state at position p propagates to positions > p (the ``state`` site).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..convolutions import ShortConv
+from ..sites import Site
+
+
+# --------------------------------------------------------------------------------------------
+# the delta rule, three ways. Shapes: q, k (B, H, L, dk); v (B, H, L, dv); beta (B, H, L);
+# states (B, H, dk, dv).
+# --------------------------------------------------------------------------------------------
+
+def _delta_update(S: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, beta_t: torch.Tensor) -> torch.Tensor:
+    """One delta-rule step. S: (B, H, dk, dv); k_t: (B, H, dk); v_t: (B, H, dv); beta_t: (B, H)."""
+    retrieved = torch.einsum("bhkv,bhk->bhv", S, k_t)                  # S^T k: (B, H, dv)
+    delta = beta_t[..., None] * (v_t - retrieved)                        # (B, H, dv)
+    return S + k_t[..., :, None] * delta[..., None, :]                   # + k delta^T: (B, H, dk, dv)
+
+
+def delta_rule_recurrent(q, k, v, beta, initial_state=None, return_states: bool = False):
+    """Reference: loop over time.
+
+    Returns (o, S_last) with o: (B, H, L, dv) and S_last: (B, H, dk, dv); with ``return_states``
+    returns (o, states) instead, states: (B, H, L, dk, dv) with states[:, :, t] = S_t (the state
+    *after* token t, the one o_t reads).
+    """
+    B, H, L, dk = k.shape
+    dv = v.shape[-1]
+    S = initial_state if initial_state is not None else k.new_zeros(B, H, dk, dv)
+    outputs, states = [], []
+    for t in range(L):
+        S = _delta_update(S, k[:, :, t], v[:, :, t], beta[:, :, t])
+        outputs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))    # S_t^T q_t: (B, H, dv)
+        if return_states:
+            states.append(S)
+    o = torch.stack(outputs, dim=2)                                      # (B, H, L, dv)
+    return (o, torch.stack(states, dim=2)) if return_states else (o, S)
+
+
+def delta_rule_chunked(q, k, v, beta, chunk_size: int, initial_state=None):
+    """Chunkwise-parallel delta rule (WY representation via the UT transform).
+
+    Inside a chunk of C tokens starting from state S0, unrolling the recurrence gives
+        S_t = S0 + sum_{i<=t} k_i u_i^T,   u_i = beta_i (v_i - S_{i-1}^T k_i)
+    and substituting S_{i-1} = S0 + sum_{j<i} k_j u_j^T:
+        u_i + beta_i sum_{j<i} (k_i . k_j) u_j = beta_i (v_i - S0^T k_i).
+    In matrix form, with A = I + strictly_lower(diag(beta) K K^T) (unit lower triangular, C x C),
+        A Unew = diag(beta) V - diag(beta) K S0   =>   Unew = U - W S0,
+        W = A^{-1} diag(beta) K,   U = A^{-1} diag(beta) V
+    (W, U depend on the chunk only, so all chunks are solved at once). Then
+        O      = Q S0 + tril(Q K^T) Unew        (tril including the diagonal: o_t reads S_t)
+        S_next = S0 + K^T Unew
+    and only this last, cheap (dk x dv) recurrence runs chunk by chunk.
+
+    Returns (o, S_last): (B, H, L, dv), (B, H, dk, dv).
+    """
+    B, H, L, dk = k.shape
+    dv = v.shape[-1]
+    C = max(1, min(chunk_size, L))
+    N = -(-L // C)                                                       # number of chunks
+    pad = N * C - L
+    if pad:
+        # padded tokens have k = v = beta = 0: they leave the state unchanged; outputs dropped
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        beta = F.pad(beta, (0, pad))
+    # (B, H, N, C, d): chunk n holds tokens n*C .. n*C + C-1
+    q, k, v = (x.reshape(B, H, N, C, x.shape[-1]) for x in (q, k, v))
+    beta = beta.reshape(B, H, N, C, 1)
+
+    # UT transform for every chunk at once
+    kb, vb = beta * k, beta * v                                          # diag(beta) K, diag(beta) V
+    ones = torch.ones(C, C, dtype=torch.bool, device=k.device)
+    lower, strict = torch.tril(ones), torch.tril(ones, diagonal=-1)      # j <= i, j < i
+    eye = torch.eye(C, dtype=k.dtype, device=k.device)
+    A = eye + (kb @ k.transpose(-1, -2)).masked_fill(~strict, 0)         # (B, H, N, C, C)
+    # T = A^{-1} (C x C per chunk). Solving against the identity on a 3-d batch and then two
+    # matmuls is much faster on CPU than solving against [kb, vb] with 5-d batch dims.
+    # The solve runs in at least float32 (half types are not supported by it, and too coarse).
+    solve_dtype = torch.promote_types(A.dtype, torch.float32)
+    T = torch.linalg.solve_triangular(A.reshape(-1, C, C).to(solve_dtype),
+                                      eye.to(solve_dtype).expand(B * H * N, C, C),
+                                      upper=False, unitriangular=True)
+    T = T.to(A.dtype).reshape(B, H, N, C, C)
+    W, U = T @ kb, T @ vb                                                # (.., C, dk), (.., C, dv)
+    causal = (q @ k.transpose(-1, -2)).masked_fill(~lower, 0)            # tril(Q K^T): (.., C, C)
+
+    # carry the state across chunks
+    S = initial_state if initial_state is not None else k.new_zeros(B, H, dk, dv)
+    outputs = []
+    for n in range(N):
+        u = U[:, :, n] - W[:, :, n] @ S                                  # Unew: (B, H, C, dv)
+        outputs.append(q[:, :, n] @ S + causal[:, :, n] @ u)             # (B, H, C, dv)
+        S = S + k[:, :, n].transpose(-1, -2) @ u                         # (B, H, dk, dv)
+    o = torch.stack(outputs, dim=2).reshape(B, H, N * C, dv)[:, :, :L]
+    return o, S
+
+
+def delta_rule_replay(k, v, beta, original: torch.Tensor, patched: torch.Tensor, initial_state=None):
+    """Re-run the recurrence through a patched state trajectory.
+
+    original, patched: (B, H, L, dk, dv). An entry of S_t that differs between the two is taken
+    from ``patched`` (it was patched); every other entry is recomputed by the delta rule from the
+    previous *resulting* state, so a patch at position p reaches positions > p. Positions before
+    the first patched one are kept as they are. Returns the resulting trajectory, same shape.
+    """
+    changed = patched != original                                        # (B, H, L, dk, dv)
+    touched = changed.transpose(0, 2).reshape(changed.shape[2], -1).any(1)  # (L,): any patch at t?
+    if not bool(touched.any()):
+        return patched
+    first = int(touched.nonzero()[0])
+    states = list(patched[:, :, :first].unbind(2))                       # unchanged prefix
+    if first > 0:
+        S = states[-1]
+    else:
+        B, H, _, dk, dv = original.shape
+        S = initial_state if initial_state is not None else original.new_zeros(B, H, dk, dv)
+    for t in range(first, original.shape[2]):
+        S = _delta_update(S, k[:, :, t], v[:, :, t], beta[:, :, t])
+        S = torch.where(changed[:, :, t], patched[:, :, t], S)
+        states.append(S)
+    return torch.stack(states, dim=2)
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # per-head unit vectors; eps inside the root keeps the gradient finite at x = 0
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+# --------------------------------------------------------------------------------------------
+# the mixer
+# --------------------------------------------------------------------------------------------
+
+class DeltaNetMixer(nn.Module):
+    """DeltaNet sequence mixer: (batch, length, hidden) -> (batch, length, hidden).
+
+    Without short convolutions (``use_short_conv=False``) SiLU is applied to q and k only and v
+    stays linear (a choice made for this package; some flash-linear-attention versions apply
+    SiLU to v there too).
+    """
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        D, H = config.hidden_size, config.num_attention_heads
+        self.hidden_size, self.num_heads, self.head_dim = D, H, D // H  # dk = dv = D / H
+        self.use_short_conv = config.use_short_conv
+        self.chunk_size = config.chunk_size
+
+        self.q_proj = nn.Linear(D, D, bias=False)
+        self.k_proj = nn.Linear(D, D, bias=False)
+        self.v_proj = nn.Linear(D, D, bias=False)
+        self.b_proj = nn.Linear(D, H, bias=False)                        # one write strength per head
+        if self.use_short_conv:
+            self.q_conv1d = ShortConv(D, config.conv_kernel, bias=False)
+            self.k_conv1d = ShortConv(D, config.conv_kernel, bias=False)
+            self.v_conv1d = ShortConv(D, config.conv_kernel, bias=False)
+            self.conv_output = Site("short-conv outputs of q, k, v after SiLU, (batch, length, 3*hidden)")
+        self.o_norm = nn.RMSNorm(self.head_dim, eps=config.layer_norm_eps)  # per head, weight shared
+        self.o_proj = nn.Linear(D, D, bias=False)
+        self.state = Site("delta-rule state trajectory S_t, (batch, heads, length, dk, dv)",
+                          propagates_in_layer=True)
+
+    # shared pieces ---------------------------------------------------------------------------
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, L, D) -> (B, H, L, d)
+        B, L, _ = x.shape
+        return x.reshape(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _out(self, o: torch.Tensor) -> torch.Tensor:
+        # o: (..., H, dv) -> per-head RMSNorm -> merge heads -> o_proj: (..., D)
+        return self.o_proj(self.o_norm(o).flatten(-2))
+
+    # full sequence ----------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (B, L, D)
+        B, L, D = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)        # (B, L, D) each
+        if self.use_short_conv:
+            q = F.silu(self.q_conv1d(q))
+            k = F.silu(self.k_conv1d(k))
+            v = F.silu(self.v_conv1d(v))
+            q, k, v = self.conv_output(torch.cat([q, k, v], dim=-1)).split(D, dim=-1)
+        else:
+            q, k = F.silu(q), F.silu(k)
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)             # (B, H, L)
+        q, k, v = _l2norm(self._heads(q)), _l2norm(self._heads(k)), self._heads(v)  # (B, H, L, d)
+
+        if self.state.wanted():
+            # materialise S_t for every t (B, H, L, dk, dv) so it can be read or patched
+            _, states = delta_rule_recurrent(q, k, v, beta, return_states=True)
+            patched = self.state(states)
+            if patched is not states:                                    # a hook replaced it
+                patched = delta_rule_replay(k, v, beta, states, patched)
+            o = torch.einsum("bhlkv,bhlk->bhlv", patched, q)             # o_t = S_t^T q_t
+        else:
+            o, _ = delta_rule_chunked(q, k, v, beta, self.chunk_size)    # (B, H, L, dv)
+        return self._out(o.transpose(1, 2))                              # (B, L, D)
+
+    # one token --------------------------------------------------------------------------------
+
+    def step(self, x_t: torch.Tensor, state: dict | None):
+        """x_t: (B, D). state: None at the start, else {"conv": (window_q, window_k, window_v) or
+        None, "S": (B, H, dk, dv)}. Returns (y_t (B, D), new_state)."""
+        B, D = x_t.shape
+        H, d = self.num_heads, self.head_dim
+        q, k, v = self.q_proj(x_t), self.k_proj(x_t), self.v_proj(x_t)  # (B, D) each
+        conv = None
+        if self.use_short_conv:
+            wq, wk, wv = state["conv"] if state is not None else (None, None, None)
+            q, wq = self.q_conv1d.step(q, wq)
+            k, wk = self.k_conv1d.step(k, wk)
+            v, wv = self.v_conv1d.step(v, wv)
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            conv = (wq, wk, wv)
+        else:
+            q, k = F.silu(q), F.silu(k)
+        beta = torch.sigmoid(self.b_proj(x_t))                           # (B, H)
+        q, k, v = _l2norm(q.view(B, H, d)), _l2norm(k.view(B, H, d)), v.view(B, H, d)
+        S = state["S"] if state is not None else x_t.new_zeros(B, H, d, d)
+        S = _delta_update(S, k, v, beta)                                 # (B, H, dk, dv)
+        o = torch.einsum("bhkv,bhk->bhv", S, q)                          # (B, H, dv)
+        return self._out(o), {"conv": conv, "S": S}

@@ -1,0 +1,206 @@
+"""DeltaNet mixer: the three delta-rule computations agree, and the mixer keeps the contract."""
+import pytest
+import torch
+
+from hf_mecheval.models.configuration_mecheval import DeltaNetConfig
+from hf_mecheval.models.mixers.delta_net import (
+    DeltaNetMixer, delta_rule_chunked, delta_rule_recurrent, delta_rule_replay,
+)
+
+
+def _inputs(B=2, H=2, L=11, dk=4, dv=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(B, H, L, dk, generator=g, dtype=torch.float64), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, H, L, dk, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, H, L, dv, generator=g, dtype=torch.float64)
+    beta = torch.rand(B, H, L, generator=g, dtype=torch.float64)
+    return q, k, v, beta
+
+
+def _mixer(heads=2, hidden=8, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = DeltaNetConfig(hidden_size=hidden, num_attention_heads=heads, chunk_size=4, **kw)
+    return DeltaNetMixer(cfg, layer_idx=0).double()
+
+
+def _x(B=2, L=11, D=8, seed=1):
+    return torch.randn(B, L, D, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 5, 11, 64])
+def test_chunked_matches_recurrent(chunk):
+    q, k, v, beta = _inputs(L=11)
+    S0 = torch.randn(2, 2, 4, 3, dtype=torch.float64)
+    o_ref, S_ref = delta_rule_recurrent(q, k, v, beta, initial_state=S0)
+    o, S = delta_rule_chunked(q, k, v, beta, chunk, initial_state=S0)
+    assert (o - o_ref).abs().max() <= 1e-10
+    assert (S - S_ref).abs().max() <= 1e-10
+
+
+def test_recurrent_states_are_trajectory():
+    q, k, v, beta = _inputs()
+    o, states = delta_rule_recurrent(q, k, v, beta, return_states=True)
+    assert states.shape == (2, 2, 11, 4, 3)
+    assert torch.allclose(torch.einsum("bhlkv,bhlk->bhlv", states, q), o)
+    # explicit form of one step: S_t = (I - beta k k^T) S_{t-1} + beta k v^T
+    t = 5
+    kt, vt, bt = k[:, :, t], v[:, :, t], beta[:, :, t, None, None]
+    eye = torch.eye(4, dtype=torch.float64)
+    expected = (eye - bt * kt[..., :, None] * kt[..., None, :]) @ states[:, :, t - 1] + bt * kt[..., :, None] * vt[..., None, :]
+    assert torch.allclose(states[:, :, t], expected)
+
+
+def test_replay_without_patch_is_identity_and_patch_propagates():
+    q, k, v, beta = _inputs()
+    _, states = delta_rule_recurrent(q, k, v, beta, return_states=True)
+    assert delta_rule_replay(k, v, beta, states, states.clone()) is not None
+    assert torch.equal(delta_rule_replay(k, v, beta, states, states.clone()), states)
+    patched = states.clone()
+    patched[:, :, 4] = 0.0
+    out = delta_rule_replay(k, v, beta, states, patched)
+    assert torch.equal(out[:, :, :4], states[:, :, :4])
+    assert torch.equal(out[:, :, 4], patched[:, :, 4])
+    # after the patch the recurrence restarts from zero at position 5
+    _, tail = delta_rule_recurrent(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], beta[:, :, 5:], return_states=True)
+    assert torch.allclose(out[:, :, 5:], tail)
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+@pytest.mark.parametrize("use_short_conv", [True, False])
+def test_step_matches_forward(heads, use_short_conv):
+    m = _mixer(heads, use_short_conv=use_short_conv)
+    x = _x()
+    y = m(x)
+    assert y.shape == x.shape
+    state, ys = None, []
+    for t in range(x.shape[1]):
+        y_t, state = m.step(x[:, t], state)
+        ys.append(y_t)
+    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("use_short_conv", [True, False])
+def test_causal(use_short_conv):
+    m = _mixer(use_short_conv=use_short_conv)
+    x = _x()
+    x2 = x.clone()
+    x2[:, 6] += 1.0
+    y, y2 = m(x), m(x2)
+    assert torch.equal(y[:, :6], y2[:, :6])
+    assert (y[:, 6:] - y2[:, 6:]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("use_short_conv", [True, False])
+def test_gradients_reach_every_parameter(use_short_conv):
+    m = _mixer(use_short_conv=use_short_conv)
+    m(_x()).pow(2).sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_gradients_through_state_site_path():
+    m = _mixer()
+    m.state.materialize = True
+    m(_x()).pow(2).sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_sites():
+    m = _mixer()
+    assert m.state.propagates and not m.conv_output.propagates
+    assert not hasattr(_mixer(use_short_conv=False), "conv_output")
+    seen = {}
+    h1 = m.conv_output.register_forward_hook(lambda mod, i, o: seen.__setitem__("conv", o))
+    h2 = m.state.register_forward_hook(lambda mod, i, o: seen.__setitem__("state", o))
+    m(_x())
+    h1.remove(), h2.remove()
+    assert seen["conv"].shape == (2, 11, 24)
+    assert seen["state"].shape == (2, 2, 11, 4, 4)
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_state_site_path_equals_fast_path(heads):
+    m = _mixer(heads)
+    x = _x()
+    fast = m(x)
+    h = m.state.register_forward_hook(lambda mod, i, o: None)   # read-only hook
+    assert m.state.wanted()
+    slow = m(x)
+    h.remove()
+    assert (slow - fast).abs().max() <= 1e-10
+    m.state.materialize = True
+    assert (m(x) - fast).abs().max() <= 1e-10
+
+
+def _run_with_state_hook(m, x, fn):
+    h = m.state.register_forward_hook(lambda mod, inputs, states: fn(states))
+    try:
+        return m(x)
+    finally:
+        h.remove()
+
+
+def _zero_position(p):
+    def fn(states):
+        out = states.clone()
+        out[:, :, p] = 0.0                                         # whole S_p, every head
+        return out
+    return fn
+
+
+def _zero_entry(p):
+    def fn(states):
+        out = states.clone()
+        out[:, :, p, 0, 0] = 0.0                                   # one entry of S_p
+        return out
+    return fn
+
+
+@pytest.mark.parametrize("use_short_conv", [True, False])
+@pytest.mark.parametrize("patch", [_zero_position, _zero_entry])
+def test_state_patch_affects_only_later_positions(use_short_conv, patch):
+    m = _mixer(use_short_conv=use_short_conv)
+    x, p = _x(), 5
+    clean = _run_with_state_hook(m, x, lambda s: None)              # same (state-site) path
+    patched = _run_with_state_hook(m, x, patch(p))
+    assert torch.equal(patched[:, :p], clean[:, :p])
+    diff = (patched - clean).abs().amax(dim=(0, 2))                # (L,)
+    assert (diff[p:] > 1e-8).all()                                 # p itself and after p
+    assert (patched[:, :p] - m(x)[:, :p]).abs().max() <= 1e-10     # and the fast path
+
+
+def test_state_patch_gradients_reach_patch():
+    m = _mixer()
+    x, p = _x(), 5
+    new = torch.zeros(2, 2, 4, 4, dtype=torch.float64, requires_grad=True)
+
+    def fn(states):
+        return torch.cat([states[:, :, :p], (new + 1.0)[:, :, None], states[:, :, p + 1:]], dim=2)
+
+    _run_with_state_hook(m, x, fn).pow(2).sum().backward()
+    assert new.grad is not None and new.grad.abs().sum() > 0
+
+
+def test_float32_default_dtype_runs():
+    torch.manual_seed(0)
+    m = DeltaNetMixer(DeltaNetConfig(hidden_size=8, num_attention_heads=2, chunk_size=4), 0)
+    x = torch.randn(2, 11, 8)
+    y = m(x)
+    state, ys = None, []
+    for t in range(11):
+        y_t, state = m.step(x[:, t], state)
+        ys.append(y_t)
+    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-5
+
+
+def test_chunked_gradients_match_recurrent():
+    inputs = [t.requires_grad_() for t in _inputs(L=10)]
+    w = torch.randn(2, 2, 10, 3, dtype=torch.float64)
+    (delta_rule_recurrent(*inputs)[0] * w).sum().backward()
+    ref = [t.grad.clone() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    (delta_rule_chunked(*inputs, chunk_size=4)[0] * w).sum().backward()
+    for t, g in zip(inputs, ref):
+        assert (t.grad - g).abs().max() <= 1e-10
