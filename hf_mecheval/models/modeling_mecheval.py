@@ -75,10 +75,14 @@ class Block(nn.Module):
             self.mlp = None
         self.output = Site("residual stream leaving the block")
 
-    def forward(self, r: torch.Tensor) -> torch.Tensor:
-        # r: (B, L, D) residual stream
+    def forward(self, r: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        # r: (B, L, D) residual stream. keep: (B, k) positions; when given (last block, training),
+        # the MLP runs at those positions only and the block returns (B, k, D): the mixer mixes
+        # along the sequence, but the MLP is per position and nothing later reads other positions.
         r = self.input(r)
         r = r + self.mixer_output(self.mixer(self.mixer_input(self.mixer_norm(r))))
+        if keep is not None:
+            r = r.gather(1, keep[..., None].expand(-1, -1, r.shape[-1]))
         if self.mlp is not None:
             r = r + self.mlp_output(self.mlp(self.mlp_input(self.mlp_norm(r))))
         return self.output(r)
@@ -152,15 +156,19 @@ class MechEvalModel(MechEvalPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool | None = None,
-                return_dict: bool | None = None, **kwargs) -> BaseModelOutput:
+                return_dict: bool | None = None, keep_positions: torch.Tensor | None = None,
+                **kwargs) -> BaseModelOutput:
+        """keep_positions: optional (B, k) positions; the last block's per-position work and the
+        output are then restricted to them (last_hidden_state is (B, k, D))."""
         # attention_mask is accepted for API compatibility only: documents are right-padded and
         # every mixer is causal, so padding never influences a real position.
         if (input_ids is None) == (inputs_embeds is None):
             raise MechEvalError("pass exactly one of input_ids and inputs_embeds")
         r = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         hidden = [r] if output_hidden_states else None
-        for block in self.layers:
-            r = block(r)
+        last = len(self.layers) - 1
+        for i, block in enumerate(self.layers):
+            r = block(r, keep_positions if i == last else None)
             if output_hidden_states:
                 hidden.append(r)
         r = self.norm_f(r)
@@ -239,23 +247,25 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel):
                 logits_to_keep: int | torch.Tensor = 0, inputs_embeds: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, **kwargs) -> CausalLMOutput:
+        loss, keep = None, None
+        if labels is not None and not output_hidden_states:
+            # position t predicts labels[t + 1]; with one label per row (the tasks' answer-only
+            # loss) only the predicting position needs the last block's MLP and the LM head
+            mask = labels[:, 1:] != IGNORE_INDEX                               # (B, L-1)
+            observed = any(m.wanted() for m in self.model.layers[-1].modules() if isinstance(m, Site))
+            if not observed and bool((mask.sum(1) == 1).all()):
+                keep = mask.float().argmax(1)[:, None]                         # (B, 1)
         out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds,
-                         output_hidden_states=output_hidden_states)
-        h = out.last_hidden_state                                              # (B, L, D)
-        loss = None
-        if labels is not None:
-            # position t predicts labels[t + 1]
+                         output_hidden_states=output_hidden_states, keep_positions=keep)
+        h = out.last_hidden_state                                              # (B, L or 1, D)
+        if keep is not None:
+            logits = self.lm_head(h)                                           # (B, 1, V)
+            loss = F.cross_entropy(logits[:, 0].float(), labels.gather(1, keep + 1)[:, 0])
+        elif labels is not None:
             targets = labels[:, 1:]
-            mask = targets != IGNORE_INDEX                                     # (B, L-1)
-            counts = mask.sum(1)
-            if bool((counts == 1).all()):
-                pos = mask.float().argmax(1)                                   # (B,)
-                logits = self.lm_head(h[torch.arange(h.shape[0]), pos])[:, None]   # (B, 1, V)
-                loss = F.cross_entropy(logits[:, 0].float(), targets.gather(1, pos[:, None])[:, 0])
-            else:
-                logits = self.lm_head(h)
-                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(),
-                                       ignore_index=IGNORE_INDEX)
+            logits = self.lm_head(h)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(),
+                                   ignore_index=IGNORE_INDEX)
         else:
             logits = self.lm_head(slice_logits_to_keep(h, logits_to_keep))
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)

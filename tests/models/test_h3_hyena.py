@@ -100,8 +100,9 @@ def test_h3_state_patch_propagates():
     # and the mixer output by out_proj's weight applied to q contracted with that.
     with torch.no_grad():
         dtA, _ = m._discretize()
+        dtA, C = m._per_channel(dtA), m._per_channel(m.C)                     # per outer-product channel
         lags = torch.arange(L - p, dtype=torch.float64)
-        ds = torch.einsum("cn,bcn,cnl->blc", m.C, delta, torch.exp(dtA[..., None] * lags))  # (B, L-p, C)
+        ds = torch.einsum("cn,bcn,cnl->blc", C, delta, torch.exp(dtA[..., None] * lags))  # (B, L-p, C)
         q = m.q_proj(x[:, p:])
         expected = m._contract(q, ds) @ m.out_proj.weight.T
     torch.testing.assert_close(y_patched[:, p:] - y[:, p:], expected, rtol=1e-8, atol=1e-10)

@@ -100,6 +100,12 @@ def test_answer_only_loss_equals_full_cross_entropy(arch):
     # per-row positions through logits_to_keep
     kept = model(ids, logits_to_keep=(answer_pos - 1)[:, None]).logits
     assert torch.allclose(kept[:, 0], out.logits[:, 0], atol=1e-6)
+    # a hook on the last block turns the position-restricted path off: same loss, full sites
+    shapes = []
+    handle = model.get_site("layers.1.output").register_forward_hook(lambda m, i, o: shapes.append(o.shape))
+    hooked = model(ids, labels=labels)
+    handle.remove()
+    assert shapes == [(4, 12, 8)] and torch.allclose(hooked.loss, out.loss, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

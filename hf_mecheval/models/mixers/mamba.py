@@ -65,39 +65,71 @@ def _reverse_scan(G: torch.Tensor, dA: torch.Tensor) -> torch.Tensor:
     return G
 
 
+class ScanWorkspace:
+    """Big (B, L, N, E) buffers kept between training steps: allocating ~40 MB tensors afresh
+    every step costs page faults that can double a step's time on a CPU. A buffer set is reused
+    only once the backward pass that needed it has run (``busy``); otherwise fresh memory is used."""
+
+    def __init__(self):
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.busy = False
+
+    def get(self, name: str, shape, like: torch.Tensor) -> torch.Tensor:
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self.buffers[name] = like.new_empty(shape)
+        return buf
+
+
 class SelectiveScan(torch.autograd.Function):
     """Fused training path: y = selective_scan_reference(x, dt, A, B, C)[0], with hand-written
-    forward and backward that touch each (B, L, E, N) tensor as few times as possible and keep
-    no per-step autograd graph. Tested against the reference (values and gradients)."""
+    forward and backward that touch each big tensor as few times as possible, write into reused
+    buffers, and keep no per-step autograd graph. Tested against the reference (values and
+    gradients).
+
+    Internally the state is laid out (B, L, N, E), channels innermost: contractions over the state
+    dimension N are matmuls with contiguous operands, never batched products of tiny matrices.
+    """
 
     @staticmethod
-    def forward(ctx, x, dt, A, B, C):
-        dtx = dt * x                                                          # (B, L, E)
-        dA = torch.exp(dt[..., None] * A)                                     # (B, L, E, N)
-        H = dtx[..., None] * B[:, :, None, :]                                 # dBx, scanned in place
+    def forward(ctx, x, dt, A, B, C, workspace: ScanWorkspace | None = None):
+        # x, dt: (B, L, E); A: (E, N); B, C: (B, L, N)
+        reuse = workspace is not None and not workspace.busy
+        shape = (x.shape[0], x.shape[1], A.shape[1], A.shape[0])
+        dA = workspace.get("dA", shape, x) if reuse else x.new_empty(shape)
+        H = workspace.get("H", shape, x) if reuse else x.new_empty(shape)
+        dtx = dt * x
+        torch.mul(dt[:, :, None, :], A.T, out=dA).exp_()                        # exp(dt A)
+        torch.mul(B[..., None], dtx[:, :, None, :], out=H)                      # dt B x, scanned in place
         for t in range(1, H.shape[1]):
             H[:, t].addcmul_(dA[:, t], H[:, t - 1])
-        y = torch.bmm(H.flatten(0, 1), C.flatten(0, 1)[..., None]).view_as(x)
+        y = (C[:, :, None, :] @ H)[:, :, 0]                                     # (B, L, E)
         ctx.save_for_backward(x, dt, A, B, C, dtx, dA, H)
+        ctx.workspace = workspace if reuse else None
+        if reuse and torch.is_grad_enabled():
+            workspace.busy = True
         return y
 
     @staticmethod
     def backward(ctx, gy):
         x, dt, A, B, C, dtx, dA, H = ctx.saved_tensors
-        BL = x.shape[0] * x.shape[1]
+        ws = ctx.workspace
         gy = gy.contiguous()
-        # dL/dC_t = sum_e gy_t,e H_t,e
-        grad_C = torch.bmm(gy.view(BL, 1, -1), H.flatten(0, 1)).view_as(C)
-        # dL/dH_t through y_t, then through later steps
-        G = _reverse_scan(gy[..., None] * C[:, :, None, :], dA)              # (B, L, E, N)
-        grad_B = torch.bmm(dtx.view(BL, 1, -1), G.flatten(0, 1)).view_as(B)
-        grad_dtx = torch.bmm(G.flatten(0, 1), B.flatten(0, 1)[..., None]).view_as(x)
-        # dL/d(dt A)_t = G_t * H_{t-1} * dA_t (zero at t = 0); reuse G's memory
+        G = ws.get("G", H.shape, H) if ws is not None else torch.empty_like(H)
+        T = ws.get("T", H.shape, H) if ws is not None else torch.empty_like(H)
+        grad_C = torch.mul(H, gy[:, :, None, :], out=T).sum(-1)                # (B, L, N)
+        torch.mul(C[..., None], gy[:, :, None, :], out=G)
+        _reverse_scan(G, dA)                                                    # dL/dH, (B, L, N, E)
+        grad_B = torch.mul(G, dtx[:, :, None, :], out=T).sum(-1)               # (B, L, N)
+        grad_dtx = (B[:, :, None, :] @ G)[:, :, 0]                             # (B, L, E)
+        # dL/d(dt A)_t = G_t * H_{t-1} * dA_t (zero at t = 0), in G's memory
         G[:, 1:].mul_(H[:, :-1]).mul_(dA[:, 1:])
         G[:, 0].zero_()
-        grad_dt = grad_dtx * x + (G * A).sum(-1)
-        grad_A = torch.einsum("blen,ble->en", G, dt)
-        return grad_dtx * dt, grad_dt, grad_A, grad_B, grad_C
+        grad_dt = grad_dtx * x + torch.mul(G, A.T, out=T).sum(2)               # (B, L, E)
+        grad_A = torch.mul(G, dt[:, :, None, :], out=T).sum((0, 1)).T          # (E, N)
+        if ws is not None:
+            ws.busy = False
+        return grad_dtx * dt, grad_dt, grad_A, grad_B, grad_C, None
 
 
 class MambaMixer(nn.Module):
@@ -117,6 +149,7 @@ class MambaMixer(nn.Module):
         if self.conv is not None:
             self.conv_output = Site("short-conv output after SiLU, (batch, length, expand*hidden)")
         self.state = Site("SSM state trajectory h_t, (batch, length, expand*hidden, d_state)", propagates_in_layer=True)
+        self._workspace = ScanWorkspace()
         self.init_mecheval_parameters()
 
     @torch.no_grad()
@@ -151,7 +184,7 @@ class MambaMixer(nn.Module):
         dt, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)                                             # (E, N)
         if not self.state.wanted():
-            y = SelectiveScan.apply(x, dt, A, B, C)                            # (B, L, E)
+            y = SelectiveScan.apply(x, dt, A, B, C, self._workspace)          # (B, L, E)
         else:  # the state trajectory goes through its Site, where it may be read or patched
             dA = torch.exp(dt[..., None] * A)                                  # (B, L, E, N)
             H = LinearScan.apply(dA, (dt * x)[..., None] * B[:, :, None, :])
