@@ -59,18 +59,19 @@ def rerun_from_patched_states(original: torch.Tensor, patched: torch.Tensor, tra
     transition(t, e): the recurrence's homogeneous part applied to a state difference e at step
     t (e.g. ``a_t * e`` for a diagonal SSM), shape (B, ...) -> (B, ...).
 
-    Semantics: wherever ``patched`` differs from ``original`` at (b, t), the state is *replaced*
-    there; later states continue the recurrence from it. Because the recurrence is linear in
-    the state, the result is ``original + e`` where ``e_t = patched_t - original_t`` at patched
-    steps and ``e_t = transition(t, e_{t-1})`` elsewhere (``e_{-1} = 0``).
+    Semantics: every state entry where ``patched`` differs from ``original`` is *replaced*;
+    every other entry is recomputed by the recurrence from the resulting previous state, so a
+    patch at position p reaches all later positions of the layer. Because the recurrence is
+    linear in the state, the result is ``original + e`` with ``e_t = patched_t - original_t``
+    at patched entries and ``e_t = transition(t, e_{t-1})`` elsewhere (``e_{-1} = 0``).
+    (A patch that sets an entry to exactly its original value is indistinguishable from no
+    patch there, and the entry is recomputed.)
     """
-    B, L = original.shape[:2]
     delta = patched - original
-    changed = (delta != 0).reshape(B, L, -1).any(-1)                  # (B, L)
-    shape = (B,) + (1,) * (original.dim() - 2)
-    out, e = [], torch.zeros_like(original[:, 0])
-    for t in range(L):
+    changed = delta != 0
+    e, out = torch.zeros_like(original[:, 0]), []
+    for t in range(original.shape[1]):
         carried = transition(t, e) if t > 0 else e
-        e = torch.where(changed[:, t].reshape(shape), delta[:, t], carried)
+        e = torch.where(changed[:, t], delta[:, t], carried)
         out.append(e)
     return original + torch.stack(out, dim=1)

@@ -4,7 +4,7 @@ import torch
 
 from hf_mecheval.models.configuration_mecheval import DeltaNetConfig
 from hf_mecheval.models.mixers.delta_net import (
-    DeltaNetMixer, delta_rule_chunked, delta_rule_recurrent, delta_rule_replay,
+    DeltaNetMixer, delta_rule_chunked, delta_rule_recurrent, delta_rule_rerun,
 )
 
 
@@ -53,16 +53,16 @@ def test_recurrent_states_are_trajectory():
 def test_replay_without_patch_is_identity_and_patch_propagates():
     q, k, v, beta = _inputs()
     _, states = delta_rule_recurrent(q, k, v, beta, return_states=True)
-    assert delta_rule_replay(k, v, beta, states, states.clone()) is not None
-    assert torch.equal(delta_rule_replay(k, v, beta, states, states.clone()), states)
+    states = states.transpose(1, 2)                                   # (B, L, H, dk, dv)
+    assert torch.equal(delta_rule_rerun(states, states.clone(), k, beta), states)
     patched = states.clone()
-    patched[:, :, 4] = 0.0
-    out = delta_rule_replay(k, v, beta, states, patched)
-    assert torch.equal(out[:, :, :4], states[:, :, :4])
-    assert torch.equal(out[:, :, 4], patched[:, :, 4])
+    patched[:, 4] = 0.0
+    out = delta_rule_rerun(states, patched, k, beta)
+    assert torch.equal(out[:, :4], states[:, :4])
+    assert torch.equal(out[:, 4], patched[:, 4])
     # after the patch the recurrence restarts from zero at position 5
     _, tail = delta_rule_recurrent(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], beta[:, :, 5:], return_states=True)
-    assert torch.allclose(out[:, :, 5:], tail)
+    assert torch.allclose(out[:, 5:], tail.transpose(1, 2))
 
 
 @pytest.mark.parametrize("heads", [1, 2])
@@ -116,7 +116,7 @@ def test_sites():
     m(_x())
     h1.remove(), h2.remove()
     assert seen["conv"].shape == (2, 11, 24)
-    assert seen["state"].shape == (2, 2, 11, 4, 4)
+    assert seen["state"].shape == (2, 11, 2, 4, 4)
 
 
 @pytest.mark.parametrize("heads", [1, 2])
@@ -144,7 +144,7 @@ def _run_with_state_hook(m, x, fn):
 def _zero_position(p):
     def fn(states):
         out = states.clone()
-        out[:, :, p] = 0.0                                         # whole S_p, every head
+        out[:, p] = 0.0                                            # whole S_p, every head
         return out
     return fn
 
@@ -152,7 +152,7 @@ def _zero_position(p):
 def _zero_entry(p):
     def fn(states):
         out = states.clone()
-        out[:, :, p, 0, 0] = 0.0                                   # one entry of S_p
+        out[:, p, 0, 0, 0] = 0.0                                   # one entry of S_p (head 0)
         return out
     return fn
 
@@ -176,7 +176,7 @@ def test_state_patch_gradients_reach_patch():
     new = torch.zeros(2, 2, 4, 4, dtype=torch.float64, requires_grad=True)
 
     def fn(states):
-        return torch.cat([states[:, :, :p], (new + 1.0)[:, :, None], states[:, :, p + 1:]], dim=2)
+        return torch.cat([states[:, :p], (new + 1.0)[:, None], states[:, p + 1:]], dim=1)
 
     _run_with_state_hook(m, x, fn).pow(2).sum().backward()
     assert new.grad is not None and new.grad.abs().sum() > 0

@@ -12,15 +12,16 @@ v projections, each through a causal depthwise short convolution + SiLU, beta = 
 per-head projection, L2-normalised q and k, per-head RMSNorm on the output, bias-free output
 projection.
 
-Three computations of the delta rule, tested against each other:
+Two computations of the delta rule, tested against each other:
 
 * :func:`delta_rule_recurrent`: the plain loop over time (the readable reference; optionally
   returns the whole state trajectory);
 * :func:`delta_rule_chunked`: the chunkwise-parallel WY/UT form of Yang et al. 2024
   ("Parallelizing Linear Transformers with the Delta Rule over Sequence Length"), the training
   path of ``forward``;
-* :func:`delta_rule_replay`: re-runs the recurrence from a patched state trajectory, so that a
-  patch of the state at position p propagates to positions > p (the ``state`` site).
+and, when the ``state`` site is observed, the loop's trajectory goes through the site and a
+patch at position p is carried to later positions (``rerun_from_patched_states``; the delta rule
+is linear in S: S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import kernels
 from ..convolutions import ShortConv
-from ..sites import Site
+from ..sites import Site, rerun_from_patched_states
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,30 +124,18 @@ def delta_rule_chunked(q, k, v, beta, chunk_size: int, initial_state=None):
     return o, S
 
 
-def delta_rule_replay(k, v, beta, original: torch.Tensor, patched: torch.Tensor, initial_state=None):
-    """Re-run the recurrence through a patched state trajectory.
+def delta_rule_rerun(states, patched, k, beta):
+    """Trajectory after a state patch (see ``rerun_from_patched_states``): the homogeneous part of
+    the delta rule maps a state difference e to (I - beta_t k_t k_t^T) e.
 
-    original, patched: (B, H, L, dk, dv). An entry of S_t that differs between the two is taken
-    from ``patched`` (it was patched); every other entry is recomputed by the delta rule from the
-    previous *resulting* state, so a patch at position p reaches positions > p. Positions before
-    the first patched one are kept as they are. Returns the resulting trajectory, same shape.
-    """
-    changed = patched != original                                        # (B, H, L, dk, dv)
-    touched = changed.transpose(0, 2).reshape(changed.shape[2], -1).any(1)  # (L,): any patch at t?
-    if not bool(touched.any()):
-        return patched
-    first = int(touched.nonzero()[0])
-    states = list(patched[:, :, :first].unbind(2))                       # unchanged prefix
-    if first > 0:
-        S = states[-1]
-    else:
-        B, H, _, dk, dv = original.shape
-        S = initial_state if initial_state is not None else original.new_zeros(B, H, dk, dv)
-    for t in range(first, original.shape[2]):
-        S = _delta_update(S, k[:, :, t], v[:, :, t], beta[:, :, t])
-        S = torch.where(changed[:, :, t], patched[:, :, t], S)
-        states.append(S)
-    return torch.stack(states, dim=2)
+    states, patched: (B, L, H, dk, dv); k: (B, H, L, dk); beta: (B, H, L)."""
+
+    def transition(t, e):
+        k_t = k[:, :, t]                                                 # (B, H, dk)
+        ke = torch.einsum("bhk,bhkv->bhv", k_t, e)                      # k^T e: (B, H, dv)
+        return e - beta[:, :, t, None, None] * k_t[..., :, None] * ke[..., None, :]
+
+    return rerun_from_patched_states(states, patched, transition)
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -172,6 +162,7 @@ class DeltaNetMixer(nn.Module):
         self.hidden_size, self.num_heads, self.head_dim = D, H, D // H  # dk = dv = D / H
         self.use_short_conv = config.use_short_conv
         self.chunk_size = config.chunk_size
+        self.kernels = config.kernels
 
         self.q_proj = nn.Linear(D, D, bias=False)
         self.k_proj = nn.Linear(D, D, bias=False)
@@ -184,7 +175,7 @@ class DeltaNetMixer(nn.Module):
             self.conv_output = Site("short-conv outputs of q, k, v after SiLU, (batch, length, 3*hidden)")
         self.o_norm = nn.RMSNorm(self.head_dim, eps=config.layer_norm_eps)  # per head, weight shared
         self.o_proj = nn.Linear(D, D, bias=False)
-        self.state = Site("delta-rule state trajectory S_t, (batch, heads, length, dk, dv)",
+        self.state = Site("delta-rule state trajectory S_t, (batch, length, heads, dk, dv)",
                           propagates_in_layer=True)
 
     # shared pieces ---------------------------------------------------------------------------
@@ -215,12 +206,19 @@ class DeltaNetMixer(nn.Module):
         q, k, v = _l2norm(self._heads(q)), _l2norm(self._heads(k)), self._heads(v)  # (B, H, L, d)
 
         if self.state.wanted():
-            # materialise S_t for every t (B, H, L, dk, dv) so it can be read or patched
+            # materialise S_t for every t so it can be read or patched
             _, states = delta_rule_recurrent(q, k, v, beta, return_states=True)
+            states = states.transpose(1, 2)                              # (B, L, H, dk, dv)
             patched = self.state(states)
             if patched is not states:                                    # a hook replaced it
-                patched = delta_rule_replay(k, v, beta, states, patched)
-            o = torch.einsum("bhlkv,bhlk->bhlv", patched, q)             # o_t = S_t^T q_t
+                patched = delta_rule_rerun(states, patched, k, beta)
+            o = torch.einsum("blhkv,bhlk->bhlv", patched, q)             # o_t = S_t^T q_t
+        elif kernels.use_kernels("delta_net", self.kernels, x.device):
+            # flash-linear-attention takes (B, L, H, d); scale 1 = this module's o_t = S_t^T q_t
+            chunk_delta_rule = kernels.delta_rule_kernel()
+            o, _ = chunk_delta_rule(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                    beta.transpose(1, 2), scale=1.0)
+            o = o.transpose(1, 2)
         else:
             o, _ = delta_rule_chunked(q, k, v, beta, self.chunk_size)    # (B, H, L, dv)
         return self._out(o.transpose(1, 2))                              # (B, L, D)

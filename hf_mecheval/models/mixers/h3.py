@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..convolutions import ShortConv, causal_conv
-from ..sites import Site
+from ..sites import Site, rerun_from_patched_states
 
 
 class H3(nn.Module):
@@ -119,15 +119,12 @@ class H3(nn.Module):
             weight = weight * a
         return self._per_channel(torch.stack(taps, dim=-1))                         # (D*P, L)
 
-    def _scan(self, u, a, b, patched=None, changed=None):
-        """States h_t = a h_{t-1} + b u_t, (B, L, C, N). Where ``changed`` (same shape) is set,
-        h_t is replaced by ``patched`` and the recurrence continues from the replaced value."""
+    def _scan(self, u, a, b):
+        """States h_t = a h_{t-1} + b u_t, (B, L, C, N)."""
         h = u.new_zeros(u.shape[0], *a.shape)             # (B, C, N)
         states = []
         for t in range(u.shape[1]):
             h = a * h + b * u[:, t, :, None]
-            if patched is not None:
-                h = torch.where(changed[:, t], patched[:, t], h)
             states.append(h)
         return torch.stack(states, dim=1)
 
@@ -140,7 +137,7 @@ class H3(nn.Module):
             # An element counts as patched where it differs from the computed state; re-run the
             # recurrence so the patch propagates to later positions of this layer. (A hook that edits
             # the states in place and returns None is not seen as a patch: return a new tensor.)
-            h = self._scan(u, a, b, patched=patched, changed=patched != h)
+            h = rerun_from_patched_states(h, patched, lambda t, e: a * e)
         return (h * C).sum(-1) + D * u                    # (B, L, D*P)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
