@@ -1,0 +1,2 @@
+"""Training with the transformers Trainer (and Accelerate): the reference recipe, run
+directories, sweeps."""

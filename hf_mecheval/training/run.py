@@ -1,0 +1,199 @@
+"""One training run: task data -> model -> ``Trainer`` -> a run directory.
+
+    python training/train.py --task ar_32 --architecture mamba --hidden_size 64 --output_dir runs/m64
+    accelerate launch training/train.py ...          # several processes / GPUs
+    mecheval train CONFIG.yaml [--learning_rate 3e-4 ...]
+
+Run directory (written by the main process only; never overwritten unless --overwrite):
+    command.txt          the exact command
+    run.json             every resolved argument, task and model configuration
+    checkpoint-*/        Trainer checkpoints (--resume continues from the last one)
+    config.json, model.safetensors   the final model (AutoModelForCausalLM.from_pretrained(RUN_DIR))
+    trainer_state.json   the Trainer's state and log history
+    metrics.json         validation history, final validation and test metrics; written last,
+                         so its presence marks a finished run
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+from transformers import HfArgumentParser, Trainer, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..errors import MechEvalError
+from ..io_utils import write_text_atomic
+from ..models import build_model
+from ..tasks.presets import build_task, get_preset
+from .arguments import (QUICK_RECIPE, DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments,
+                        validate)
+from .data import PaddedTaskDataset, batch_collator
+from .evaluation import answer_logits_summary, compute_answer_metrics
+
+METRICS_FILE = "metrics.json"
+ARGUMENT_TYPES = (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
+
+
+def is_finished(run_dir: str | os.PathLike) -> bool:
+    return (Path(run_dir) / METRICS_FILE).exists()
+
+
+def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool) -> str | None:
+    """Check the run directory against --resume / --overwrite; returns the checkpoint to resume from.
+    Only the main process checks and clears the directory (it runs first; the others then only look
+    up the checkpoint), so processes never race on it."""
+    if not main_process:
+        return get_last_checkpoint(str(run_dir)) if run.resume else None
+    exists = run_dir.exists() and any(run_dir.iterdir())
+    if run.resume:
+        if not exists:
+            raise MechEvalError(f"--resume: {run_dir} holds no run to continue")
+        if is_finished(run_dir):
+            raise MechEvalError(f"--resume: the run in {run_dir} has already finished")
+        checkpoint = get_last_checkpoint(str(run_dir))
+        if checkpoint is None:
+            raise MechEvalError(f"--resume: {run_dir} has no checkpoint-* folder to continue from")
+        _check_checkpoint(Path(checkpoint))
+        return checkpoint
+    if exists and not run.overwrite:
+        raise MechEvalError(f"{run_dir} already holds a run; pass --resume to continue it or --overwrite to replace it")
+    if exists:
+        shutil.rmtree(run_dir)
+    return None
+
+
+def _check_checkpoint(path: Path) -> None:
+    """Read a checkpoint's model and state before resuming, so a damaged one fails clearly."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            list(f.keys())
+        json.loads((path / "trainer_state.json").read_text())
+    except Exception as exc:  # whatever the damage, the message names the checkpoint
+        raise MechEvalError(f"cannot resume from {path}: {type(exc).__name__}: "
+                            f"{(str(exc).splitlines() or [''])[0]}") from None
+
+
+def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArguments,
+          training_args: MechEvalTrainingArguments, callbacks: Sequence = (), command: str | None = None) -> dict:
+    """Train one model; returns the final metrics (also written to ``metrics.json``)."""
+    validate(model_args, data_args, run_args, training_args)
+    run_dir = Path(training_args.output_dir)
+    main_process = training_args.process_index == 0
+    with training_args.main_process_first(desc="run directory"):
+        checkpoint = _prepare_run_dir(run_dir, run_args, main_process)
+
+    preset = get_preset(data_args.task)
+    quick = run_args.recipe == "quick"
+    train_size = data_args.train_size or (QUICK_RECIPE["train_size"] if quick else preset.train_size)
+    eval_size = data_args.eval_size or (QUICK_RECIPE["eval_size"] if quick else preset.eval_size)
+    if training_args.num_train_epochs is None:
+        training_args.num_train_epochs = QUICK_RECIPE["num_train_epochs"] if quick else (16.0 if preset.task == "ar" else 32.0)
+    if quick and main_process:
+        print(f"recipe quick: {train_size} training documents, {eval_size} validation/test documents, "
+              f"{training_args.num_train_epochs:g} epochs (the reference: {preset.train_size}, {preset.eval_size}, "
+              f"{16 if preset.task == 'ar' else 32})", file=sys.stderr)
+
+    task = build_task(data_args.task, **data_args.task_overrides())
+    splits = {split: PaddedTaskDataset(task.generate(n, split, data_args.dataset_seed))
+              for split, n in (("train", train_size), ("validation", eval_size), ("test", eval_size))}
+    fields = model_args.config_fields()
+    longest = max(int(d.lengths.max()) for d in splits.values())
+    set_seed(training_args.seed)  # model initialisation (transformers' convention)
+    model = build_model(model_args.architecture, vocab_size=task.vocab_size, **fields)
+    if 0 < model.config.max_position_embeddings < longest:
+        raise MechEvalError(f"documents are up to {longest} tokens but the model has "
+                            f"{model.config.max_position_embeddings} position embeddings")
+
+    if main_process and checkpoint is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "command.txt", (command or " ".join(map(shlex.quote, sys.argv))) + "\n")
+        record = {"model": {"architecture": model_args.architecture, **model.config.to_diff_dict()},
+                  "task": {"preset": data_args.task, "config": task.config.to_dict(), "train_size": train_size,
+                           "eval_size": eval_size, "dataset_seed": data_args.dataset_seed},
+                  "recipe": run_args.recipe,
+                  "training": json.loads(training_args.to_json_string())}
+        write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
+
+    trainer = Trainer(
+        model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
+        data_collator=batch_collator, compute_metrics=compute_answer_metrics,
+        preprocess_logits_for_metrics=answer_logits_summary, callbacks=list(callbacks),
+    )
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    except (OSError, RuntimeError, ValueError, json.JSONDecodeError) as exc:
+        if checkpoint is None:
+            raise
+        raise MechEvalError(f"cannot resume from {checkpoint}: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    validation = trainer.evaluate(splits["validation"], metric_key_prefix="eval")   # always at the final step
+    test = trainer.evaluate(splits["test"], metric_key_prefix="test")
+    final = {
+        "validation_accuracy": validation["eval_accuracy"], "validation_answer_prob": validation["eval_answer_prob"],
+        "validation_loss": validation["eval_loss"], "test_accuracy": test["test_accuracy"],
+        "test_answer_prob": test["test_answer_prob"], "test_loss": test["test_loss"],
+        "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
+        "world_size": training_args.world_size,
+    }
+    if trainer.is_world_process_zero():
+        trainer.save_model(str(run_dir))
+        trainer.save_state()
+        history = [{k: v for k, v in entry.items()} for entry in trainer.state.log_history]
+        metrics = {"final": final, "history": history}
+        write_text_atomic(run_dir / METRICS_FILE, json.dumps(metrics, indent=2) + "\n", overwrite=True)
+    return final
+
+
+def parse(argv: Sequence[str]):
+    """Arguments from the command line; a leading .yaml/.json file supplies defaults that later
+    flags override. Unknown keys in the file or on the command line are errors."""
+    parser = HfArgumentParser(ARGUMENT_TYPES, allow_abbrev=False)
+    argv = list(argv)
+    if argv and argv[0].endswith((".yaml", ".yml", ".json")):
+        path = Path(argv.pop(0))
+        try:
+            values = yaml.safe_load(path.read_text()) if path.suffix != ".json" else json.loads(path.read_text())
+        except (OSError, yaml.YAMLError, json.JSONDecodeError) as exc:
+            raise MechEvalError(f"cannot read the run config {path}: {exc}") from None
+        if not isinstance(values, dict):
+            raise MechEvalError(f"the run config {path} must be a mapping of argument names to values")
+        argv = _as_flags(values) + argv
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def _as_flags(values: dict) -> list[str]:
+    flags = []
+    for key, value in values.items():
+        if isinstance(value, (dict, list)) and key in ("model_config", "task_config"):
+            value = json.dumps(value)
+        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return flags
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        try:
+            model_args, data_args, run_args, training_args = parse(argv)
+        except ValueError as exc:  # unknown keys in a config file or on the command line
+            raise MechEvalError(str(exc).splitlines()[0]) from None
+        final = train(model_args, data_args, run_args, training_args,
+                      command=" ".join(map(shlex.quote, [sys.argv[0], *argv])))
+    except MechEvalError as exc:
+        print(f"mecheval train: error: {exc}", file=sys.stderr)
+        return 2
+    if training_args.process_index == 0:
+        print(json.dumps(final, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

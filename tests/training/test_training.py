@@ -1,0 +1,148 @@
+"""Training runs through the Trainer: learning, determinism, resume, run directories, errors,
+two processes through `accelerate launch`."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+import hf_mecheval  # noqa: F401
+from hf_mecheval.errors import MechEvalError
+from hf_mecheval.training.run import main, parse, train
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_AR = ["--task", "ar_32", "--task_config", '{"num_kv": 16, "num_pairs": 2}', "--architecture", "transformer",
+           "--hidden_size", "64", "--max_position_embeddings", "16", "--disable_tqdm", "true"]
+
+
+def run_args(tmp, *extra):
+    return TINY_AR + ["--output_dir", str(tmp), *extra]
+
+
+def test_tiny_ar_is_learned_by_the_transformer(tmp_path):
+    # 16 000 documents x 10 epochs = 5 000 steps: about 20 s on two cores
+    argv = run_args(tmp_path / "run", "--train_size", "16000", "--eval_size", "500", "--num_train_epochs", "10",
+                    "--learning_rate", "3e-4", "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1000")
+    assert main(argv) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["final"]["test_accuracy"] >= 0.95
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    assert model.config.model_type == "mecheval-transformer"
+    for name in ("command.txt", "run.json", "config.json", "model.safetensors", "trainer_state.json"):
+        assert (tmp_path / "run" / name).exists()
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["training"]["lr_scheduler_type"] == "cosine" and record["training"]["warmup_steps"] == 0.1
+
+
+SHORT = ["--train_size", "640", "--eval_size", "64", "--max_steps", "40", "--logging_steps", "5",
+         "--save_steps", "20", "--save_strategy", "steps", "--eval_strategy", "no", "--hidden_size", "16"]
+
+
+def losses(run_dir):
+    state = json.loads((Path(run_dir) / "trainer_state.json").read_text())
+    return [(e["step"], e["loss"]) for e in state["log_history"] if "loss" in e]
+
+
+def test_same_seed_same_losses(tmp_path):
+    assert main(run_args(tmp_path / "a", *SHORT)) == 0
+    assert main(run_args(tmp_path / "b", *SHORT)) == 0
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert len(a) == 8 and a == b
+    assert main(run_args(tmp_path / "c", *SHORT, "--seed", "1")) == 0
+    assert losses(tmp_path / "c") != a
+
+
+class StopAt(TrainerCallback):
+    """Simulates a run killed right after its checkpoint at `step`."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            raise KeyboardInterrupt
+
+
+def test_killed_run_resumes_to_the_same_weights(tmp_path):
+    assert main(run_args(tmp_path / "whole", *SHORT)) == 0
+    args = parse(run_args(tmp_path / "broken", *SHORT))
+    with pytest.raises(KeyboardInterrupt):
+        train(*args, callbacks=[StopAt(20)])
+    assert not (tmp_path / "broken" / "metrics.json").exists()
+    assert main(run_args(tmp_path / "broken", *SHORT, "--resume")) == 0
+    a = load_file(tmp_path / "whole" / "model.safetensors")
+    b = load_file(tmp_path / "broken" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--architecture", "rwkv"], "architecture: unknown architecture 'rwkv'"),
+    (["--task", "ar_64"], "task: unknown preset 'ar_64'"),
+    (["--learning_rate", "-0.1"], "learning_rate: must be > 0"),
+    (["--model_config", "{conv"], "model_config: must be a JSON object"),
+    (["--task_config", '{"num_kv": 7}'], "num_kv: must be even"),
+    (["--recipe", "slow"], "recipe: must be 'reference' or 'quick'"),
+])
+def test_bad_arguments_one_line_nonzero(tmp_path, capsys, extra, message):
+    code = main(run_args(tmp_path / "run", *SHORT, *extra))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_existing_run_is_never_overwritten(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("precious")
+    assert main(run_args(run, *SHORT)) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (run / "notes.txt").read_text() == "precious"
+    assert main(run_args(tmp_path / "empty", *SHORT, "--resume")) == 2
+    assert "holds no run" in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_gives_a_clear_error(tmp_path, capsys):
+    args = parse(run_args(tmp_path / "run", *SHORT))
+    with pytest.raises(KeyboardInterrupt):
+        train(*args, callbacks=[StopAt(20)])
+    ckpt = tmp_path / "run" / "checkpoint-20"
+    (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
+    capsys.readouterr()
+    assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot resume from" in err[0] and "checkpoint-20" in err[0]
+
+
+def test_yaml_config_with_overrides(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("task: ar_32\ntask_config: {num_kv: 16, num_pairs: 2}\narchitecture: mamba\nhidden_size: 16\n"
+                      f"output_dir: {tmp_path / 'run'}\ntrain_size: 64\neval_size: 16\nmax_steps: 3\n"
+                      "learning_rate: 0.01\nmodel_config: {conv_kernel: 2}\n")
+    model, data, run, training = parse([str(config), "--learning_rate", "0.002"])
+    assert (model.architecture, training.learning_rate, data.train_size) == ("mamba", 0.002, 64)
+    assert json.loads(model.model_config) == {"conv_kernel": 2}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: ar_32\nlearning_rat: 0.1\n")
+    with pytest.raises(ValueError, match="learning_rat"):
+        parse([str(bad)])
+
+
+def test_two_processes_through_accelerate_launch(tmp_path):
+    run = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # accelerate's torchrun-style launcher; --use_cpu makes the Trainer use gloo on the CPU
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(REPO / "training" / "train.py"), *run_args(run, *SHORT), "--use_cpu", "true"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["final"]["world_size"] == 2
+    model = AutoModelForCausalLM.from_pretrained(run)
+    assert isinstance(model, torch.nn.Module)
