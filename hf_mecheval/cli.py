@@ -100,6 +100,32 @@ def _data_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ training
+def _train(args: argparse.Namespace) -> int:
+    from .training.run import main as train_main
+
+    return train_main(args.arguments)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .training.sweep import Sweep, format_table, launch, results_table, collect, write_results
+
+    sweep = Sweep.load(args.file)
+    if args.dry_run:
+        for run in sweep.runs:
+            print(run.name, " ".join(run.flags()))
+        print(f"{len(sweep.runs)} runs")
+        return 0
+    outcome = launch(sweep, args.out, launcher=args.launcher, workers=args.workers)
+    root = write_results(sweep, args.out)
+    print(format_table(results_table(collect(sweep, args.out), sweep.grid_fields)), end="")
+    print(f"{len(outcome['finished'])} runs finished, {len(outcome['skipped'])} already done, "
+          f"{len(outcome['failed'])} failed; results in {root}")
+    for line in outcome["failed"]:
+        print(f"failed: {line}", file=sys.stderr)
+    return 1 if outcome["failed"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .tasks.seeding import SPLITS
 
@@ -151,6 +177,26 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--workers", type=_non_negative_int, default=1, help="processes (default: 1)")
     pub.add_argument("--push-to-hub", metavar="REPO", help="also upload the folder as dataset repository REPO")
     pub.set_defaults(func=_data_publish)
+
+    train = commands.add_parser(
+        "train", add_help=False, help="train one model (all flags of training/train.py; `mecheval train --help`)",
+        description="Train one model with the transformers Trainer.")
+    train.add_argument("arguments", nargs=argparse.REMAINDER,
+                       help="[CONFIG.yaml] then flags: --task, --architecture, --hidden_size, --learning_rate, "
+                            "--output_dir, ... (see --help)")
+    train.set_defaults(func=_train)
+
+    sweep = commands.add_parser("sweep", help="run a sweep file and write its results table",
+                                description="Run every unfinished run of a sweep file (finished runs are skipped, "
+                                            "interrupted ones resumed) and write results.{json,csv,md}: the best "
+                                            "learning rate per configuration by validation, reported on test.")
+    sweep.add_argument("file", help="sweep YAML, e.g. training/sweeps/ar_main.yaml")
+    sweep.add_argument("--launcher", choices=("local", "ray"), default="local",
+                       help="local: processes on this machine; ray: a Ray cluster (RAY_ADDRESS) or a local one")
+    sweep.add_argument("--workers", type=_non_negative_int, default=1, help="runs at once (local launcher)")
+    sweep.add_argument("--out", default="runs/sweeps", help="parent folder of the sweep directory (default runs/sweeps)")
+    sweep.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    sweep.set_defaults(func=_sweep)
     return parser
 
 

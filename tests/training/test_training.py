@@ -2,6 +2,7 @@
 two processes through `accelerate launch`."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -137,8 +138,11 @@ def test_two_processes_through_accelerate_launch(tmp_path):
     run = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # accelerate's torchrun-style launcher; --use_cpu makes the Trainer use gloo on the CPU
+    with socket.socket() as sock:                 # a free port: never collide with another run
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
            str(REPO / "training" / "train.py"), *run_args(run, *SHORT), "--use_cpu", "true"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

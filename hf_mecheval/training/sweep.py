@@ -1,0 +1,269 @@
+"""Sweeps: a YAML file of run grids -> one run directory per run -> a results table.
+
+    mecheval sweep training/sweeps/ar_main.yaml --launcher local --workers 2
+    mecheval sweep training/sweeps/ar_main.yaml --launcher ray          # several machines
+
+Sweep file (unknown keys are errors)::
+
+    name: ar_main                 # sweep directory: <out>/<name> (default out: runs/sweeps)
+    task: ar_32                   # defaults for every run: any training argument
+    defaults: {recipe: reference}
+    grids:                        # each grid is a cartesian product; runs = union of the grids
+      - architecture: [transformer]
+        max_position_embeddings: [1024]
+        hidden_size: [64, 128]
+        learning_rate: [1e-4, 1e-3]
+    seeds: [0, 1, 2]
+
+Finished runs (``metrics.json`` present) are skipped; a run left with a checkpoint by a killed
+worker is resumed; a failed run is reported and the others go on. The results table picks, for
+every configuration (all grid fields but learning rate and seed), the learning rate with the
+best mean *validation* accuracy over seeds, and reports *test* accuracy there, mean ± sd.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError, MechEvalError
+from ..io_utils import write_text_atomic
+from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments
+from .run import METRICS_FILE, is_finished
+
+RUN_FIELDS = {f.name for cls in (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
+              for f in dataclasses.fields(cls)} - {"output_dir", "resume", "overwrite"}
+SELECTION_FIELDS = ("learning_rate", "seed")
+SWEEP_KEYS = ("name", "task", "defaults", "grids", "seeds")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    name: str
+    args: dict[str, Any]          # training arguments of this run (no output_dir)
+
+    def flags(self) -> list[str]:
+        out = []
+        for key, value in self.args.items():
+            if isinstance(value, (dict, list)):
+                value = json.dumps(value)
+            out += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+        return out
+
+
+@dataclasses.dataclass
+class Sweep:
+    name: str
+    runs: list[Run]
+    grid_fields: list[str]
+
+    @staticmethod
+    def load(path: str | Path) -> "Sweep":
+        try:
+            spec = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise MechEvalError(f"cannot read sweep file {path}: {exc}") from None
+        return Sweep.from_dict(spec, source=str(path))
+
+    @staticmethod
+    def from_dict(spec: Any, source: str = "sweep") -> "Sweep":
+        if not isinstance(spec, dict):
+            raise ConfigError("sweep", f"{source} must be a mapping with keys {', '.join(SWEEP_KEYS)}")
+        unknown = sorted(set(spec) - set(SWEEP_KEYS))
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown sweep key in {source}; allowed: {', '.join(SWEEP_KEYS)}")
+        if not spec.get("name") or not isinstance(spec["name"], str):
+            raise ConfigError("name", f"{source} needs a name (a string)")
+        defaults = dict(spec.get("defaults") or {})
+        if "task" in spec:
+            defaults["task"] = spec["task"]
+        grids = spec.get("grids") or [{}]
+        seeds = spec.get("seeds", [0])
+        if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
+            raise ConfigError("grids", "must be a list of mappings from argument names to lists of values")
+        for key in list(defaults) + [k for g in grids for k in g]:
+            if key not in RUN_FIELDS:
+                raise ConfigError(key, f"not a training argument; see `mecheval train --help`")
+        runs, grid_fields, seen = [], [], set()
+        for grid in grids:
+            grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
+            grid.setdefault("seed", seeds if isinstance(seeds, list) else [seeds])
+            for key in grid:
+                if key not in grid_fields:
+                    grid_fields.append(key)
+            for values in itertools.product(*grid.values()):
+                args = {**defaults, **dict(zip(grid, values))}
+                name = run_name(args, [k for k in grid if len(grid[k]) > 1 or k in ("architecture", "seed")])
+                if name in seen:
+                    raise ConfigError("grids", f"two runs would share the directory {name}")
+                seen.add(name)
+                runs.append(Run(name, args))
+        return Sweep(spec["name"], runs, grid_fields)
+
+
+_SHORT = {"architecture": "", "hidden_size": "d", "num_hidden_layers": "L", "learning_rate": "lr", "seed": "s",
+          "max_position_embeddings": "pos", "task": ""}
+
+
+def run_name(args: dict, keys: list[str]) -> str:
+    parts = []
+    for key in keys:
+        value = args[key]
+        if isinstance(value, float):
+            value = f"{value:.0e}" if value < 0.01 else f"{value:g}"
+        elif isinstance(value, dict):
+            value = "-".join(f"{k}{v}" for k, v in sorted(value.items()))
+        parts.append(f"{_SHORT.get(key, key)}{value}")
+    return "_".join(str(p).replace("/", "-").replace(" ", "") for p in parts) or "run"
+
+
+# ---------------------------------------------------------------------------------- launching
+def _command(run: Run, run_dir: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "hf_mecheval.training.run", *run.flags(), "--output_dir", str(run_dir),
+           "--disable_tqdm", "true"]
+    if run_dir.exists() and any(run_dir.glob("checkpoint-*")):
+        cmd.append("--resume")                  # left behind by a killed worker
+    elif run_dir.exists():
+        cmd.append("--overwrite")               # started but never checkpointed: nothing to keep
+    return cmd
+
+
+def execute(run: Run, run_dir: str, threads: int) -> dict:
+    """Run one training process; returns {"name", "returncode", "log"}. Used by both launchers."""
+    path = Path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log = path.parent / f"{run.name}.log"
+    with open(log, "w") as handle:
+        proc = subprocess.run(_command(run, path), stdout=handle, stderr=subprocess.STDOUT, env=env)
+    return {"name": run.name, "returncode": proc.returncode, "log": str(log)}
+
+
+def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int = 1, progress: bool = True) -> dict:
+    """Run every unfinished run; returns {"finished", "skipped", "failed"} run names."""
+    from tqdm.auto import tqdm
+
+    root = Path(out) / sweep.name
+    runs_dir = root / "runs"
+    write_text_atomic(root / "sweep.json", json.dumps([dataclasses.asdict(r) for r in sweep.runs], indent=2),
+                      overwrite=True)
+    todo = [r for r in sweep.runs if not is_finished(runs_dir / r.name)]
+    skipped = [r.name for r in sweep.runs if r not in todo]
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    if launcher == "local":
+        results = _launch_local(todo, runs_dir, workers, threads, progress)
+    elif launcher == "ray":
+        results = _launch_ray(todo, runs_dir, workers, threads, progress)
+    else:
+        raise ConfigError("launcher", f"must be 'local' or 'ray', got {launcher!r}")
+    failed = [r for r in results if r["returncode"] != 0]
+    return {"finished": [r["name"] for r in results if r["returncode"] == 0], "skipped": skipped,
+            "failed": [f"{r['name']} (exit {r['returncode']}, log {r['log']})" for r in failed]}
+
+
+def _launch_local(todo, runs_dir, workers, threads, progress):
+    from concurrent.futures import ThreadPoolExecutor
+    from tqdm.auto import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(execute, r, str(runs_dir / r.name), threads) for r in todo]
+        return [f.result() for f in tqdm(futures, desc="runs", disable=not progress)]
+
+
+def _launch_ray(todo, runs_dir, workers, threads, progress):
+    try:
+        import ray
+    except ImportError:
+        raise MechEvalError("the ray launcher needs Ray: pip install 'hf-mecheval[ray]'") from None
+    from tqdm.auto import tqdm
+
+    started_here = not ray.is_initialized()
+    if started_here:  # a local cluster; set RAY_ADDRESS to join an existing one
+        ray.init(num_cpus=os.cpu_count() if os.environ.get("RAY_ADDRESS") is None else None,
+                 include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
+        refs = [remote.remote(r, str(runs_dir / r.name), threads) for r in todo]
+        results = []
+        for ref in tqdm(refs, desc="runs", disable=not progress):
+            try:
+                results.append(ray.get(ref))
+            except Exception as exc:  # a worker that died beyond its retries
+                results.append({"name": "?", "returncode": -1, "log": f"ray: {type(exc).__name__}"})
+        return results
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------- results
+def collect(sweep: Sweep, out: str | Path) -> list[dict]:
+    """One row per finished run: its grid fields and final metrics."""
+    rows = []
+    for run in sweep.runs:
+        path = Path(out) / sweep.name / "runs" / run.name / METRICS_FILE
+        if path.exists():
+            final = json.loads(path.read_text())["final"]
+            rows.append({"run": run.name, **{k: run.args.get(k) for k in sweep.grid_fields}, **final})
+    return rows
+
+
+def results_table(rows: list[dict], grid_fields: list[str]) -> list[dict]:
+    """Best learning rate per configuration by mean validation accuracy; test accuracy there."""
+    config_fields = [f for f in grid_fields if f not in SELECTION_FIELDS]
+    groups: dict[str, dict] = {}
+    for row in rows:
+        key = json.dumps([row.get(f) for f in config_fields], default=str)
+        groups.setdefault(key, {}).setdefault(row.get("learning_rate"), []).append(row)
+    table = []
+    for key, by_lr in groups.items():
+        def mean_val(lr):
+            return sum(r["validation_accuracy"] for r in by_lr[lr]) / len(by_lr[lr])
+        best = max(by_lr, key=lambda lr: (mean_val(lr), -(lr or 0)))
+        tests = [r["test_accuracy"] for r in by_lr[best]]
+        mean = sum(tests) / len(tests)
+        sd = math.sqrt(sum((t - mean) ** 2 for t in tests) / (len(tests) - 1)) if len(tests) > 1 else 0.0
+        table.append({**dict(zip(config_fields, json.loads(key))), "best_learning_rate": best,
+                      "validation_accuracy": mean_val(best), "test_accuracy_mean": mean, "test_accuracy_sd": sd,
+                      "seeds": len(tests), "learning_rates_tried": len(by_lr)})
+    return table
+
+
+def write_results(sweep: Sweep, out: str | Path) -> Path:
+    """results.json / results.csv / results.md in the sweep directory."""
+    root = Path(out) / sweep.name
+    rows = collect(sweep, out)
+    table = results_table(rows, sweep.grid_fields)
+    write_text_atomic(root / "results.json", json.dumps({"runs": rows, "table": table}, indent=2, default=str),
+                      overwrite=True)
+    if table:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+        write_text_atomic(root / "results.csv", buffer.getvalue(), overwrite=True)
+    write_text_atomic(root / "results.md", format_table(table), overwrite=True)
+    return root
+
+
+def format_table(table: list[dict]) -> str:
+    if not table:
+        return "(no finished runs)\n"
+    cols = [c for c in table[0] if c not in ("test_accuracy_mean", "test_accuracy_sd")]
+    head = cols + ["test accuracy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table:
+        cells = [f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in cols]
+        cells.append(f"{100 * row['test_accuracy_mean']:.1f} ± {100 * row['test_accuracy_sd']:.1f} %")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

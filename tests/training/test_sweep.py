@@ -1,0 +1,108 @@
+"""Sweep files, both launchers, skipping and resuming, and the results table."""
+import importlib.util
+import json
+
+import pytest
+
+from hf_mecheval.cli import main as mecheval
+from hf_mecheval.errors import ConfigError
+from hf_mecheval.training.run import parse, train
+from hf_mecheval.training.sweep import Sweep, launch, results_table, write_results
+
+from test_training import StopAt
+
+BASE = {"task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 64, "eval_size": 32, "max_steps": 6,
+        "hidden_size": 16, "max_position_embeddings": 16, "eval_strategy": "no", "save_strategy": "steps",
+        "save_steps": 3}
+
+
+def tiny_sweep(**grid):
+    return Sweep.from_dict({"name": "tiny", "task": "ar_32", "defaults": BASE,
+                            "grids": [grid or {"architecture": ["transformer"], "learning_rate": [0.001, 0.01]}]})
+
+
+def test_expansion_names_and_errors():
+    sweep = Sweep.from_dict({"name": "s", "task": "ar_32",
+                             "grids": [{"architecture": ["mamba", "h3"], "hidden_size": [16, 32],
+                                        "learning_rate": [1e-3, 3e-4], "model_config": [{"conv_kernel": 0}]},
+                                       {"architecture": "transformer", "learning_rate": 1e-3}],
+                             "seeds": [0, 1]})
+    assert len(sweep.runs) == 2 * 2 * 2 * 2 + 2
+    assert len({r.name for r in sweep.runs}) == len(sweep.runs)
+    assert "mamba_d16_lr1e-03_s0" in {r.name for r in sweep.runs}
+    with pytest.raises(ConfigError, match="learning_rat"):
+        Sweep.from_dict({"name": "s", "grids": [{"learning_rat": [1]}]})
+    with pytest.raises(ConfigError, match="allowed: name"):
+        Sweep.from_dict({"name": "s", "grid": []})
+
+
+def test_results_table_picks_learning_rate_on_validation():
+    rows = [  # lr 1e-3 wins on validation (mean .9 vs .8) although its test accuracy is lower
+        {"architecture": "a", "learning_rate": 1e-3, "seed": 0, "validation_accuracy": 0.9, "test_accuracy": 0.70},
+        {"architecture": "a", "learning_rate": 1e-3, "seed": 1, "validation_accuracy": 0.9, "test_accuracy": 0.80},
+        {"architecture": "a", "learning_rate": 1e-2, "seed": 0, "validation_accuracy": 0.8, "test_accuracy": 0.99},
+        {"architecture": "a", "learning_rate": 1e-2, "seed": 1, "validation_accuracy": 0.8, "test_accuracy": 0.99},
+        {"architecture": "b", "learning_rate": 1e-2, "seed": 0, "validation_accuracy": 0.5, "test_accuracy": 0.4},
+    ]
+    table = {r["architecture"]: r for r in results_table(rows, ["architecture", "learning_rate", "seed"])}
+    assert table["a"]["best_learning_rate"] == 1e-3
+    assert table["a"]["test_accuracy_mean"] == pytest.approx(0.75)
+    assert table["a"]["test_accuracy_sd"] == pytest.approx(0.0707107, rel=1e-5)   # sample sd of .7, .8
+    assert table["a"]["seeds"] == 2 and table["a"]["learning_rates_tried"] == 2
+    assert table["b"]["test_accuracy_sd"] == 0.0
+
+
+def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_path):
+    sweep = tiny_sweep(architecture=["transformer"], learning_rate=[0.001, 0.01])
+    # a run killed after its first checkpoint, as a dead worker leaves it
+    killed = sweep.runs[1]
+    run_dir = tmp_path / "tiny" / "runs" / killed.name
+    with pytest.raises(KeyboardInterrupt):
+        train(*parse(killed.flags() + ["--output_dir", str(run_dir)]), callbacks=[StopAt(3)])
+    outcome = launch(sweep, tmp_path, progress=False)
+    assert sorted(outcome["finished"]) == sorted(r.name for r in sweep.runs) and not outcome["failed"]
+    state = json.loads((run_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 6
+    again = launch(sweep, tmp_path, progress=False)
+    assert again["finished"] == [] and sorted(again["skipped"]) == sorted(r.name for r in sweep.runs)
+    root = write_results(sweep, tmp_path)
+    table = json.loads((root / "results.json").read_text())["table"]
+    assert len(table) == 1 and table[0]["learning_rates_tried"] == 2
+    assert (root / "results.csv").exists() and "test accuracy" in (root / "results.md").read_text()
+    # a broken run fails alone
+    bad = tiny_sweep(architecture=["transformer", "mamba"], learning_rate=[0.001],
+                     model_config=[{"conv_kernel": -1}])
+    outcome = launch(bad, tmp_path / "bad", progress=False)
+    assert len(outcome["failed"]) == 1 and "mamba" in outcome["failed"][0]
+    assert len(outcome["finished"]) == 1
+
+
+def test_sweep_command(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({"name": "cli", "task": "ar_32", "defaults": BASE,
+                                "grids": [{"architecture": ["mamba"], "learning_rate": [0.01]}]}))
+    assert mecheval(["sweep", str(path), "--out", str(tmp_path), "--dry-run"]) == 0
+    assert "1 runs" in capsys.readouterr().out
+    assert mecheval(["sweep", str(path), "--out", str(tmp_path)]) == 0
+    assert "1 runs finished" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="Ray is not installed (pip install 'hf-mecheval[ray]'); the local launcher is tested above")
+def test_ray_launcher_runs_a_two_run_sweep(tmp_path):
+    sweep = tiny_sweep(architecture=["mamba"], learning_rate=[0.001, 0.01])
+    outcome = launch(sweep, tmp_path, launcher="ray", workers=2, progress=False)
+    assert sorted(outcome["finished"]) == sorted(r.name for r in sweep.runs), outcome
+    root = write_results(sweep, tmp_path)
+    table = json.loads((root / "results.json").read_text())["table"]
+    assert len(table) == 1 and table[0]["learning_rates_tried"] == 2 and table[0]["seeds"] == 1
+
+
+def test_the_reference_sweep_files_are_valid():
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[2] / "training" / "sweeps").glob("*.yaml"))
+    assert len(files) >= 7
+    for path in files:
+        sweep = Sweep.load(path)
+        assert sweep.runs and len({r.name for r in sweep.runs}) == len(sweep.runs)
