@@ -1,0 +1,136 @@
+"""The intervention engine: plain forward hooks on named sites, batched, resuming the forward at
+the patched layer.
+
+For a batch of (clean, corrupted) document pairs it runs
+
+1. the clean documents once, caching every requested site;
+2. the corrupted documents once, caching the residual stream entering every layer;
+3. for each site in layer L: the corrupted residual at ``layers.L.input`` is repeated once per
+   position to patch (all positions in one batch) and only blocks L.. run, with a hook that
+   replaces the site's activation at that row's position by the clean one.
+
+So the grid costs one forward of the late layers per (site, position set) instead of one full
+forward per cell. Models expose the backbone protocol of ``MechEvalForCausalLM``:
+``model.model.embed``, ``model.model.layers`` (blocks taking and returning the residual stream),
+``model.model.norm_f``, ``model.lm_head``, and ``get_site(name)``.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+
+import torch
+
+from ..errors import MechEvalError
+
+_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def site_layer(name: str) -> int:
+    match = _LAYER.match(name)
+    if not match:
+        raise MechEvalError(f"site {name!r} is not inside a layer (expected layers.L....)")
+    return int(match.group(1))
+
+
+@contextlib.contextmanager
+def hooked(module: torch.nn.Module, fn):
+    handle = module.register_forward_hook(fn)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class InterventionEngine:
+    def __init__(self, model: torch.nn.Module):
+        for attr in ("model", "lm_head", "get_site", "site_names"):
+            if not hasattr(model, attr):
+                raise MechEvalError(f"{type(model).__name__} is not an hf-mecheval model (it lacks `{attr}`)")
+        self.model = model.eval()
+        self.backbone = model.model
+
+    # ------------------------------------------------------------------ pieces
+    def answer_probs(self, final: torch.Tensor, query_pos: torch.Tensor, answer: torch.Tensor):
+        """final: (R, L, D) residual after the last block -> (p(answer), answer logit, argmax) at query_pos."""
+        rows = torch.arange(final.shape[0], device=final.device)
+        logits = self.model.lm_head(self.backbone.norm_f(final[rows, query_pos])).float()   # (R, V)
+        probs = torch.softmax(logits, dim=-1)
+        return probs[rows, answer], logits[rows, answer], logits.argmax(-1)
+
+    def run_layers(self, r: torch.Tensor, start: int) -> torch.Tensor:
+        for block in self.backbone.layers[start:]:
+            r = block(r)
+        return r
+
+    @torch.no_grad()
+    def cache(self, input_ids: torch.Tensor, sites: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Full forward caching the outputs of ``sites``; returns (final residual, cache)."""
+        store: dict[str, torch.Tensor] = {}
+        handles = []
+        for name in sites:
+            handles.append(self.model.get_site(name).register_forward_hook(
+                lambda m, i, o, name=name: store.__setitem__(name, o.detach())))
+        try:
+            final = self.run_layers(self.backbone.embed(input_ids), 0)
+        finally:
+            for h in handles:
+                h.remove()
+        return final, store
+
+    # ------------------------------------------------------------------ patching
+    @torch.no_grad()
+    def patched_final(self, site: str, base_input: torch.Tensor, positions: torch.Tensor,
+                      source: torch.Tensor) -> torch.Tensor:
+        """Run from the layer of ``site`` with the site's activation replaced at given positions.
+
+        base_input: (R, L, D) residual entering layer(site) in the base (corrupted) run.
+        positions:  (R, k) positions to patch in each row (k >= 1; -1 = none).
+        source:     (R, L, ...) the site's activation in the source (clean) run.
+        Returns the final residual (R, L, D).
+        """
+        rows = torch.arange(base_input.shape[0], device=base_input.device)[:, None].expand_as(positions)
+        valid = positions >= 0
+        r_idx, p_idx = rows[valid], positions[valid]
+
+        def patch(module, inputs, output):
+            output = output.clone()
+            output[r_idx, p_idx] = source[r_idx, p_idx].to(output.dtype)
+            return output
+
+        with hooked(self.model.get_site(site), patch):
+            return self.run_layers(base_input, site_layer(site))
+
+    @torch.no_grad()
+    def run(self, clean_ids: torch.Tensor, corrupt_ids: torch.Tensor, positions: dict[str, torch.Tensor],
+            query_pos: torch.Tensor, answer: torch.Tensor, sites: list[str]) -> dict:
+        """All cells for one batch.
+
+        positions: name -> (B,) position per example. Returns per-example tensors:
+        ``p_clean``, ``p_corrupt``, ``logit_clean``, ``logit_corrupt``, ``pred_clean``,
+        ``pred_corrupt`` (B,) and ``p_patched[site][position name]`` (B,).
+        """
+        unknown = [s for s in sites if s not in set(self.model.site_names())]
+        if unknown:
+            raise MechEvalError(f"unknown site {unknown[0]!r}; valid sites: {', '.join(self.model.site_names())}")
+        n_layers = len(self.backbone.layers)
+        inputs = [f"layers.{i}.input" for i in range(n_layers)]
+        final_clean, clean = self.cache(clean_ids, sites)
+        final_corrupt, corrupt = self.cache(corrupt_ids, inputs)
+        p_clean, logit_clean, pred_clean = self.answer_probs(final_clean, query_pos, answer)
+        p_corrupt, logit_corrupt, pred_corrupt = self.answer_probs(final_corrupt, query_pos, answer)
+        out = {"p_clean": p_clean, "p_corrupt": p_corrupt, "logit_clean": logit_clean,
+               "logit_corrupt": logit_corrupt, "pred_clean": pred_clean, "pred_corrupt": pred_corrupt,
+               "p_patched": {}}
+        names = list(positions)
+        B = clean_ids.shape[0]
+        stacked = torch.stack([positions[n] for n in names])                    # (P, B)
+        for site in sites:
+            layer = site_layer(site)
+            # one row per (position name, example): all positions of this site in one batch
+            base = corrupt[f"layers.{layer}.input"].repeat(len(names), 1, 1)              # (P*B, L, D)
+            source = clean[site].repeat(len(names), *[1] * (clean[site].dim() - 1))
+            final = self.patched_final(site, base, stacked.reshape(-1, 1), source)
+            p, _, _ = self.answer_probs(final, query_pos.repeat(len(names)), answer.repeat(len(names)))
+            out["p_patched"][site] = {n: p[i * B:(i + 1) * B] for i, n in enumerate(names)}
+        return out

@@ -1,0 +1,112 @@
+"""The intervention grid of SPEC §5: corruption (key, value) x sites x layers x positions
+(key, value, divider, query, answer), over a set of documents, with metrics and the mechanism
+label.
+
+    result = run_grid(model, task, task.generate(320, "test", seed=0))
+    result["corruptions"]["key"]["cells"]      # one entry per (site, position)
+    result["mechanism"]                         # induction / direct_query / ... with evidence
+
+JSON schema (``mecheval evaluate`` writes it as ``interventions.json``)::
+
+    {"examples": N, "threshold": t, "sites": [...], "positions": [...],
+     "mechanism": {"label", "confidence", "reason", "evidence"},
+     "corruptions": {"key" | "value": {
+         "clean_accuracy", "corrupt_accuracy", "p_clean_mean", "p_corrupt_mean", "denominator",
+         "corruption_reused_fraction",
+         "cells": [{"site", "layer", "component", "position", "restoration", "restoration_ci",
+                    "normalized_mean", "normalized_ci", "normalized_examples", "p_patched_mean"}],
+         "per_example": {"p_clean": [...], "p_corrupt": [...], "p_patched": {"SITE@POSITION": [...]}}}}}
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import MechEvalError
+from ..metrics.mechanism import classify
+from ..metrics.restoration import accuracy, summarize_restoration
+from ..tasks.corruption import corrupt
+from ..tasks.data import TaskData
+from .engine import InterventionEngine, site_layer
+
+POSITIONS = ("key", "value", "divider", "query", "answer")
+CORRUPTIONS = ("key", "value")
+
+
+def default_threshold(task) -> float:
+    """The reference's denominator thresholds: 0.01 for AR, 0.1 for ATR."""
+    return 0.01 if task.name == "ar" else 0.1
+
+
+def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[str] | None = None,
+             positions=POSITIONS, batch_size: int = 64, seed: int = 0, threshold: float | None = None,
+             n_resamples: int = 1000, progress: bool = True, keep_per_example: bool = True) -> dict:
+    from tqdm.auto import tqdm
+
+    for column in [f"{p}_pos" for p in positions] + ["answer"]:
+        if column not in data.columns:
+            raise MechEvalError(f"the dataset has no {column} column; interventions need the position "
+                                f"columns {', '.join(p + '_pos' for p in POSITIONS)}")
+    engine = InterventionEngine(model)
+    sites = list(model.site_names()) if sites is None else list(sites)
+    threshold = default_threshold(task) if threshold is None else threshold
+    device = next(model.parameters()).device
+    ids = data.padded()
+    lengths = data.lengths
+    result = {"examples": len(data), "threshold": threshold, "sites": sites, "positions": list(positions),
+              "corruptions": {}}
+    for which in corruptions:
+        broken = corrupt(ids, data.columns[f"{which}_pos"], task.token_classes, seed=seed, lengths=lengths)
+        acc = {k: [] for k in ("p_clean", "p_corrupt", "pred_clean", "pred_corrupt")}
+        patched = {(s, p): [] for s in sites for p in positions}
+        starts = range(0, len(data), batch_size)
+        for start in tqdm(starts, desc=f"interventions ({which} corrupted)", disable=not progress):
+            sl = slice(start, start + batch_size)
+            width = int(lengths[sl].max())
+            t = lambda a: torch.as_tensor(np.asarray(a)[sl], device=device).long()
+            out = engine.run(t(ids)[:, :width], t(broken.input_ids)[:, :width],
+                             {p: t(data.columns[f"{p}_pos"]) for p in positions},
+                             t(data.columns["query_pos"]), t(data.columns["answer"]), sites)
+            for k in acc:
+                acc[k].append(out[k].cpu().numpy())
+            for (s, p) in patched:
+                patched[(s, p)].append(out["p_patched"][s][p].cpu().numpy())
+        acc = {k: np.concatenate(v) for k, v in acc.items()}
+        patched = {k: np.concatenate(v) for k, v in patched.items()}
+        answers = data.columns["answer"]
+        cells = []
+        for (s, p), values in patched.items():
+            cells.append({"site": s, "layer": site_layer(s), "component": s.split(".", 2)[2], "position": p,
+                          **summarize_restoration(acc["p_clean"], acc["p_corrupt"], values, threshold,
+                                                  n_resamples, seed)})
+        entry = {
+            "clean_accuracy": accuracy(acc["pred_clean"], answers),
+            "corrupt_accuracy": accuracy(acc["pred_corrupt"], answers),
+            "p_clean_mean": float(acc["p_clean"].mean()), "p_corrupt_mean": float(acc["p_corrupt"].mean()),
+            "denominator": float(acc["p_clean"].mean() - acc["p_corrupt"].mean()),
+            "corruption_reused_fraction": float(broken.reused.mean()),
+            "cells": cells,
+        }
+        if keep_per_example:
+            entry["per_example"] = {"p_clean": acc["p_clean"].tolist(), "p_corrupt": acc["p_corrupt"].tolist(),
+                                    "p_patched": {f"{s}@{p}": v.tolist() for (s, p), v in patched.items()}}
+        result["corruptions"][which] = entry
+    result["mechanism"] = mechanism_of(result, len(model.model.layers)).to_dict()
+    return result
+
+
+def cell(result: dict, corruption: str, site: str, position: str) -> dict | None:
+    for c in result["corruptions"].get(corruption, {}).get("cells", []):
+        if c["site"] == site and c["position"] == position:
+            return c
+    return None
+
+
+def mechanism_of(result: dict, n_layers: int):
+    """Classify from the key-corruption cells at the input of the last layer."""
+    site = f"layers.{n_layers - 1}.input"
+    if "key" not in result["corruptions"] or site not in result["sites"]:
+        from ..metrics.mechanism import Mechanism
+        return Mechanism("failed", "low", f"the grid lacks key corruption at {site}", {})
+    cells = {p: cell(result, "key", site, p) or {} for p in ("key", "value", "query")}
+    return classify(cells, result["corruptions"]["key"]["clean_accuracy"])

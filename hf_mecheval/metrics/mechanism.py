@@ -1,0 +1,73 @@
+"""Which mechanism a trained model uses, from its restoration signature (SPEC §5).
+
+Evidence: key corrupted, residual stream patched at the input of the last layer, at the key,
+value and query positions (for 2-layer models: ``layers.1.input``).
+
+* induction (Transformer, Based): @value high, @query low — layer 0 copied the key's identity
+  into the value token, the last layer looks it up there;
+* direct retrieval at the query (H3, Hyena where they work): @query high, @value low;
+* direct retrieval, key -> query (Mamba): @value low, @key + @query high with a real share at the
+  key — the short convolution moves the key forward and the last layer reads it near the query;
+* mixed: none of these clearly;
+* failed: the model does not solve the task (clean accuracy too low) or corrupting the key does
+  not change its prediction (the restoration denominator is below threshold).
+
+Confidence: "high" when the bootstrap intervals lie entirely on the decisive side of the
+thresholds, "medium" when only the point estimates do, "low" for mixed.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+HIGH, LOW = 0.6, 0.3          # "restores" / "does not restore"
+MIN_ACCURACY = 0.5
+
+
+@dataclasses.dataclass
+class Mechanism:
+    label: str                 # induction | direct_query | direct_key_query | mixed | failed
+    confidence: str            # high | medium | low
+    reason: str
+    evidence: dict
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def classify(cells: dict[str, dict], clean_accuracy: float, min_accuracy: float = MIN_ACCURACY) -> Mechanism:
+    """cells: position name ("key", "value", "query") -> summary dict from ``summarize_restoration``."""
+    evidence = {"clean_accuracy": clean_accuracy,
+                **{f"@{p}": {"restoration": c.get("restoration"), "ci": c.get("restoration_ci")}
+                   for p, c in cells.items()}}
+    if clean_accuracy < min_accuracy:
+        return Mechanism("failed", "high", f"clean accuracy {clean_accuracy:.2f} < {min_accuracy}", evidence)
+    if any(cells.get(p, {}).get("restoration") is None for p in ("key", "value", "query")):
+        return Mechanism("failed", "high", "corrupting the key does not change the prediction "
+                                           "(restoration denominator below threshold)", evidence)
+
+    def point(p):
+        return cells[p]["restoration"]
+
+    def lo(p):
+        ci = cells[p].get("restoration_ci")
+        return ci[0] if ci else point(p)
+
+    def hi(p):
+        ci = cells[p].get("restoration_ci")
+        return ci[1] if ci else point(p)
+
+    rules = [
+        ("induction", lambda f, g: f("value") >= HIGH and g("query") <= LOW,
+         "the value position restores, the query position does not"),
+        ("direct_query", lambda f, g: f("query") >= HIGH and g("value") <= LOW and g("key") <= LOW,
+         "the query position restores, the value position does not"),
+        ("direct_key_query", lambda f, g: g("value") <= LOW and f("key") + f("query") >= HIGH and f("key") >= 0.15
+         and f("query") >= 0.15, "key and query positions together restore, the value position does not"),
+    ]
+    for label, rule, reason in rules:
+        if rule(lo, hi):
+            return Mechanism(label, "high", reason + " (bootstrap intervals agree)", evidence)
+        if rule(point, point):
+            return Mechanism(label, "medium", reason + " (point estimates; intervals overlap the thresholds)", evidence)
+    return Mechanism("mixed", "low", f"@key {point('key'):.2f}, @value {point('value'):.2f}, "
+                                     f"@query {point('query'):.2f}: no single mechanism dominates", evidence)

@@ -1,0 +1,105 @@
+"""The engine on hand-built models with known mechanisms, golden properties, and errors."""
+import numpy as np
+import pytest
+import torch
+
+from hf_mecheval.errors import MechEvalError
+from hf_mecheval.interventions import InterventionEngine, run_grid
+from hf_mecheval.interventions.grid import cell
+from hf_mecheval.models import build_model
+from hf_mecheval.tasks import ARConfig, ARTask, corrupt
+
+from handbuilt import direct_model, induction_model
+
+TASK = ARTask(ARConfig(num_kv=24, num_pairs=4, vocab_size=27))
+
+
+def data(n=96):
+    return TASK.generate(n, "test", seed=1)
+
+
+@pytest.mark.parametrize("make, expected", [(induction_model, "induction"), (direct_model, "direct_query")])
+def test_hand_built_mechanisms_have_their_signature(make, expected):
+    model = make(TASK.vocab_size, 16)
+    result = run_grid(model, TASK, data(), progress=False, n_resamples=200)
+    key = result["corruptions"]["key"]
+    assert key["clean_accuracy"] == 1.0 and key["denominator"] > 0.8
+    at = {p: cell(result, "key", "layers.1.input", p)["restoration"] for p in ("key", "value", "query", "answer")}
+    # (the other positions move p only through the diffuse attention of the corrupted run: < 0.1)
+    if expected == "induction":
+        assert at["value"] > 0.95 and abs(at["query"]) < 0.1 and abs(at["key"]) < 0.1
+    else:
+        assert at["query"] > 0.95 and abs(at["value"]) < 0.1 and abs(at["key"]) < 0.1
+    assert at["answer"] == pytest.approx(0.0, abs=1e-9)      # after the query: never matters
+    assert result["mechanism"]["label"] == expected and result["mechanism"]["confidence"] == "high"
+    # at layer 0's input the key itself carries the information, for both mechanisms
+    assert cell(result, "key", "layers.0.input", "key")["restoration"] > 0.95
+
+
+def _batch(model, n=32):
+    d = data(n)
+    ids = torch.from_numpy(d.padded()).long()
+    broken = torch.from_numpy(corrupt(d.padded(), d.columns["key_pos"], TASK.token_classes, seed=0).input_ids).long()
+    col = lambda c: torch.from_numpy(d.columns[c]).long()
+    return d, ids, broken, col
+
+
+@pytest.mark.parametrize("arch", ["transformer", "mamba", "deltanet", "based", "h3"])
+def test_golden_properties_on_real_models(arch):
+    torch.manual_seed(0)
+    extra = {"max_position_embeddings": 16} if arch == "transformer" else {}
+    model = build_model(arch, vocab_size=TASK.vocab_size, hidden_size=16, **extra).eval()
+    engine = InterventionEngine(model)
+    d, ids, broken, col = _batch(model)
+    B, L = ids.shape
+    final_clean, clean = engine.cache(ids, ["layers.0.input", "layers.1.input"])
+    final_corrupt, corrupt_cache = engine.cache(broken, ["layers.0.input"])
+    every = torch.arange(L).expand(B, L)
+    # patching every position at layers.0.input reproduces the clean output exactly
+    out = engine.patched_final("layers.0.input", corrupt_cache["layers.0.input"], every, clean["layers.0.input"])
+    assert torch.equal(out, final_clean)
+    # patching nothing reproduces the corrupted output
+    none = torch.full((B, 1), -1)
+    out = engine.patched_final("layers.0.input", corrupt_cache["layers.0.input"], none, clean["layers.0.input"])
+    assert torch.equal(out, final_corrupt)
+    # a patch at position p changes no output before p; the answer position never moves the query.
+    # (Compared with an empty patch of the same site: observing a state site switches some mixers
+    # to their state-materialising path, equal to the fast one only up to rounding.)
+    for site in model.site_names():
+        layer_input = f"layers.{site.split('.')[1]}.input"
+        _, src = engine.cache(ids, [site])
+        _, base = engine.cache(broken, [layer_input])
+        reference = engine.patched_final(site, base[layer_input], none, src[site])
+        assert torch.allclose(reference, final_corrupt, atol=1e-5), site
+        p = col("value_pos")
+        out = engine.patched_final(site, base[layer_input], p[:, None], src[site])
+        before = torch.arange(L)[None, :] < p[:, None]
+        assert torch.equal(out[before], reference[before]), site
+        out = engine.patched_final(site, base[layer_input], col("answer_pos")[:, None], src[site])
+        q = col("query_pos")
+        assert torch.equal(out[torch.arange(B), q], reference[torch.arange(B), q]), site
+
+
+def test_engine_probabilities_match_full_forward():
+    torch.manual_seed(0)
+    model = build_model("mamba", vocab_size=TASK.vocab_size, hidden_size=16).eval()
+    d, ids, broken, col = _batch(model, 8)
+    out = InterventionEngine(model).run(ids, broken, {"value": col("value_pos")}, col("query_pos"), col("answer"),
+                                        ["layers.1.input"])
+    with torch.no_grad():
+        logits = model(broken).logits
+    rows = torch.arange(8)
+    p = torch.softmax(logits[rows, col("query_pos")], -1)[rows, col("answer")]
+    assert torch.allclose(out["p_corrupt"], p, atol=1e-6)
+
+
+def test_bad_input():
+    model = build_model("mamba", vocab_size=TASK.vocab_size, hidden_size=16)
+    with pytest.raises(MechEvalError, match="valid sites: layers.0.input"):
+        run_grid(model, TASK, data(8), sites=["layers.7.input"], progress=False)
+    d = data(8)
+    del d.columns["value_pos"]
+    with pytest.raises(MechEvalError, match="value_pos"):
+        run_grid(model, TASK, d, progress=False)
+    with pytest.raises(MechEvalError, match="not an hf-mecheval model"):
+        InterventionEngine(torch.nn.Linear(2, 2))
