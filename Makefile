@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	  $(PIP) install --quiet "torch==$(TORCH_CPU_VERSION)" || \
 	  $(PIP) install --quiet "torch==$(TORCH_CPU_VERSION)" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	$(PIP) install --quiet -e ".[test]"
+	$(PIP) install --quiet -e ".[test,interp]"
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -1,0 +1,28 @@
+"""The restoration metric through `evaluate.load` of the local module (no Hub)."""
+from pathlib import Path
+
+import evaluate
+import pytest
+
+from hf_mecheval.metrics import summarize_restoration
+
+MODULE = Path(__file__).resolve().parents[2] / "evaluation" / "interchange_restoration"
+
+
+def test_evaluate_load_by_path_matches_the_library():
+    metric = evaluate.load(str(MODULE))
+    clean, corrupt, patched = [0.9, 0.7, 0.8, 0.6], [0.1, 0.3, 0.2, 0.1], [0.5, 0.5, 0.8, 0.1]
+    got = metric.compute(p_clean=clean, p_corrupt=corrupt, p_patched=patched, n_resamples=200)
+    want = summarize_restoration(clean, corrupt, patched, n_resamples=200)
+    assert got["restoration"] == pytest.approx(want["restoration"])
+    assert got["restoration_ci"] == pytest.approx(list(want["restoration_ci"]))
+    assert got["normalized_mean"] == pytest.approx(want["normalized_mean"])
+    # batches added incrementally give the same result
+    metric.add_batch(p_clean=clean[:2], p_corrupt=corrupt[:2], p_patched=patched[:2])
+    metric.add_batch(p_clean=clean[2:], p_corrupt=corrupt[2:], p_patched=patched[2:])
+    assert metric.compute(n_resamples=200)["restoration"] == pytest.approx(want["restoration"])
+
+
+def test_metric_card_states_the_formula():
+    card = (MODULE / "README.md").read_text()
+    assert "mean(p_patched) - mean(p_corrupt)" in card and "Limitations" in card

@@ -1,0 +1,61 @@
+import numpy as np
+import pytest
+
+from hf_mecheval.metrics import bootstrap_interval, per_example_restoration, restoration, summarize_restoration
+from hf_mecheval.metrics.mechanism import classify
+
+
+def test_ratio_of_means_by_hand():
+    clean, corrupt, patched = [0.9, 0.7], [0.1, 0.3], [0.5, 0.5]
+    # (0.5 - 0.2) / (0.8 - 0.2) = 0.5
+    assert restoration(clean, corrupt, patched) == pytest.approx(0.5)
+    assert restoration(clean, corrupt, clean) == pytest.approx(1.0)
+    assert restoration(clean, corrupt, corrupt) == pytest.approx(0.0)
+    assert restoration([0.5, 0.5], [0.495, 0.5], [0.5, 0.5], threshold=0.01) is None   # denominator 0.0025
+
+
+def test_per_example_scores_skip_small_denominators():
+    scores = per_example_restoration([0.9, 0.5, 0.6], [0.1, 0.5, 0.2], [0.5, 0.9, 0.6], threshold=0.01)
+    assert scores.tolist() == pytest.approx([0.5, 1.0])      # the middle example has no denominator
+
+
+def test_bootstrap_interval_contains_the_estimate_and_shrinks_with_n():
+    rng = np.random.default_rng(0)
+    small = rng.normal(1.0, 1.0, 50)
+    big = rng.normal(1.0, 1.0, 5000)
+    lo_s, hi_s = bootstrap_interval(lambda x: x.mean(), (small,), 500)
+    lo_b, hi_b = bootstrap_interval(lambda x: x.mean(), (big,), 500)
+    assert lo_s < small.mean() < hi_s and lo_b < big.mean() < hi_b
+    assert (hi_b - lo_b) < (hi_s - lo_s) / 5
+    # ~ +-1.96 sd / sqrt(n) for a mean
+    assert (hi_b - lo_b) == pytest.approx(2 * 1.96 / np.sqrt(5000), rel=0.2)
+
+
+def test_summary_fields():
+    s = summarize_restoration([0.9] * 20, [0.1] * 20, [0.5] * 20, n_resamples=100)
+    assert s["restoration"] == pytest.approx(0.5) and s["restoration_ci"] == pytest.approx((0.5, 0.5))
+    assert s["normalized_mean"] == pytest.approx(0.5) and s["normalized_examples"] == 20
+
+
+def cells(key, value, query, width=0.0):
+    return {p: {"restoration": v, "restoration_ci": (v - width, v + width)}
+            for p, v in (("key", key), ("value", value), ("query", query))}
+
+
+@pytest.mark.parametrize("scores, width, label, confidence", [
+    ((0.0, 1.0, 0.0), 0.05, "induction", "high"),
+    ((0.05, 0.02, 0.97), 0.05, "direct_query", "high"),
+    ((0.45, 0.05, 0.5), 0.05, "direct_key_query", "high"),
+    ((0.0, 0.7, 0.2), 0.2, "induction", "medium"),
+    ((0.3, 0.4, 0.3), 0.05, "mixed", "low"),
+])
+def test_mechanism_labels(scores, width, label, confidence):
+    m = classify(cells(*scores, width), clean_accuracy=0.99)
+    assert (m.label, m.confidence) == (label, confidence)
+    assert m.evidence["@value"]["restoration"] == scores[1]
+
+
+def test_failed_models():
+    assert classify(cells(0, 1, 0), clean_accuracy=0.1).label == "failed"
+    none = {p: {"restoration": None} for p in ("key", "value", "query")}
+    assert "denominator" in classify(none, clean_accuracy=0.9).reason
