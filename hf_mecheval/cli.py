@@ -126,6 +126,21 @@ def _sweep(args: argparse.Namespace) -> int:
     return 1 if outcome["failed"] else 0
 
 
+# ------------------------------------------------------------------------------ interventions
+def _evaluate(args: argparse.Namespace) -> int:
+    from .reports.evaluate_run import evaluate_run, last_layer_summary
+
+    result = evaluate_run(args.run_dir, out=args.out, n=args.n, split=args.split, seed=args.seed,
+                          sites=args.sites, batch_size=args.batch_size, n_resamples=args.resamples,
+                          overwrite=args.overwrite)
+    row = last_layer_summary(result)
+    fmt = lambda v: "n/a" if v is None else f"{v:.2f}"
+    print(f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {fmt(row['@key'])} "
+          f"@value {fmt(row['@value'])} @query {fmt(row['@query'])} -> {row['mechanism']} ({row['confidence']})")
+    print(f"reason: {result['mechanism']['reason']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .tasks.seeding import SPLITS
 
@@ -197,6 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", default="runs/sweeps", help="parent folder of the sweep directory (default runs/sweeps)")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     sweep.set_defaults(func=_sweep)
+
+    ev = commands.add_parser("evaluate", help="run the intervention grid on a trained run (JSON + plots)",
+                             description="Corrupt the key and the value, patch every site of every layer at the key, "
+                                         "value, divider, query and answer positions, and write interventions.json, "
+                                         "heatmaps and bar plots, and the mechanism label.")
+    ev.add_argument("run_dir", help="a finished run directory (from mecheval train)")
+    ev.add_argument("--out", help="output folder (default RUN_DIR/interventions)")
+    ev.add_argument("-n", type=_non_negative_int, default=320, help="documents (default 320)")
+    ev.add_argument("--split", choices=SPLITS, default="test", help="split (default test)")
+    ev.add_argument("--seed", type=_non_negative_int, help="data seed (default: the run's)")
+    ev.add_argument("--sites", nargs="+", help="only these sites (default: all; see model.site_names())")
+    ev.add_argument("--batch-size", type=_non_negative_int, default=64, help="documents per batch")
+    ev.add_argument("--resamples", type=_non_negative_int, default=1000, help="bootstrap resamples")
+    ev.add_argument("--overwrite", action="store_true", help="replace existing results")
+    ev.set_defaults(func=_evaluate)
     return parser
 
 

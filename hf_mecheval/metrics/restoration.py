@@ -49,7 +49,7 @@ def bootstrap_interval(statistic, arrays, n_resamples: int = 1000, confidence: f
     with replacement, all arrays together). Resamples where the statistic is None are skipped."""
     arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
     n = len(arrays[0])
-    if n == 0:
+    if n == 0 or n_resamples <= 0:
         return None
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(n_resamples, n))

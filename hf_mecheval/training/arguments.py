@@ -67,6 +67,10 @@ class RunArguments:
                                                                            "training documents, 512 eval, 8 epochs)"})
     resume: bool = dataclasses.field(default=False, metadata={"help": "continue an interrupted run in output_dir"})
     overwrite: bool = dataclasses.field(default=False, metadata={"help": "replace an existing run in output_dir"})
+    restoration_every_n_steps: int = dataclasses.field(
+        default=0, metadata={"help": "measure restoration at the last layer's input every N steps (0 = never); "
+                                     "see restoration_history.json"})
+    restoration_examples: int = dataclasses.field(default=64, metadata={"help": "validation documents it uses"})
 
 
 @dataclasses.dataclass

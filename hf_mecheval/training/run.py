@@ -122,10 +122,16 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
                   "training": json.loads(training_args.to_json_string())}
         write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
 
+    callbacks = list(callbacks)
+    if run_args.restoration_every_n_steps > 0:
+        from .callbacks import RestorationCallback
+
+        probe = task.generate(run_args.restoration_examples, "validation", data_args.dataset_seed)
+        callbacks.append(RestorationCallback(task, probe, run_args.restoration_every_n_steps))
     trainer = Trainer(
         model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
         data_collator=batch_collator, compute_metrics=compute_answer_metrics,
-        preprocess_logits_for_metrics=answer_logits_summary, callbacks=list(callbacks),
+        preprocess_logits_for_metrics=answer_logits_summary, callbacks=callbacks,
     )
     try:
         trainer.train(resume_from_checkpoint=checkpoint)

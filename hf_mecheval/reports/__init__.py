@@ -1,0 +1,1 @@
+"""Reports: plots, intervention evaluation of run directories, model cards."""

@@ -1,0 +1,86 @@
+"""Figures of intervention results (PNG, matplotlib's Agg backend: no display needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+RESIDUAL = ("input",)
+
+
+def _cells(result: dict, corruption: str) -> list[dict]:
+    return result["corruptions"][corruption]["cells"]
+
+
+def residual_heatmap(result: dict, corruption: str, path: str | Path, title: str = "") -> Path:
+    """Restoration of the residual stream entering each layer (rows) at each position (columns)."""
+    positions = result["positions"]
+    layers = sorted({c["layer"] for c in _cells(result, corruption) if c["component"] == "input"})
+    grid = np.full((len(layers), len(positions)), np.nan)
+    for c in _cells(result, corruption):
+        if c["component"] == "input" and c["restoration"] is not None:
+            grid[layers.index(c["layer"]), positions.index(c["position"])] = c["restoration"]
+    fig, ax = plt.subplots(figsize=(1.3 * len(positions) + 1.5, 0.8 * len(layers) + 1.6))
+    image = ax.imshow(grid, vmin=-0.2, vmax=1.0, cmap="viridis", aspect="auto")
+    for i in range(len(layers)):
+        for j in range(len(positions)):
+            text = "n/a" if np.isnan(grid[i, j]) else f"{grid[i, j]:.2f}"
+            ax.text(j, i, text, ha="center", va="center", color="white" if np.isnan(grid[i, j]) or grid[i, j] < 0.6
+                    else "black", fontsize=10)
+    ax.set_xticks(range(len(positions)), [f"@{p}" for p in positions])
+    ax.set_yticks(range(len(layers)), [f"layers.{l}.input" for l in layers])
+    ax.set_title(title or f"restoration, {corruption} corrupted (residual stream)")
+    fig.colorbar(image, ax=ax, label="restoration")
+    return _save(fig, path)
+
+
+def component_bars(result: dict, corruption: str, path: str | Path, title: str = "") -> Path:
+    """Restoration of every non-residual site (mixer/MLP inputs and outputs, short conv, state),
+    one bar per position."""
+    positions = [p for p in result["positions"] if p != "answer"]
+    sites = [s for s in result["sites"] if s.split(".", 2)[2] not in RESIDUAL]
+    values = {(c["site"], c["position"]): c["restoration"] for c in _cells(result, corruption)}
+    width = 0.8 / max(1, len(positions))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(sites) + 2), 4.2))
+    x = np.arange(len(sites))
+    for k, p in enumerate(positions):
+        heights = [values.get((s, p)) for s in sites]
+        ax.bar(x + k * width, [np.nan if h is None else h for h in heights], width, label=f"@{p}")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(x + width * (len(positions) - 1) / 2, sites, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("restoration")
+    ax.set_ylim(-0.3, 1.1)
+    ax.legend(ncol=len(positions), fontsize=8)
+    ax.set_title(title or f"restoration by site, {corruption} corrupted")
+    return _save(fig, path)
+
+
+def restoration_curves(history: list[dict], path: str | Path, title: str = "") -> Path:
+    """Restoration over training steps (from the RestorationCallback)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    steps = [h["step"] for h in history]
+    for key in sorted({k for h in history for k in h if k.startswith("restoration@")}):
+        ax.plot(steps, [h.get(key) if h.get(key) is not None else np.nan for h in history], marker="o", label=key)
+    if any("accuracy" in h for h in history):
+        ax.plot(steps, [h.get("accuracy", np.nan) for h in history], "k--", label="accuracy")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("restoration")
+    ax.set_ylim(-0.3, 1.1)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "mechanism over training")
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

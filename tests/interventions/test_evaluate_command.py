@@ -1,0 +1,61 @@
+"""`mecheval evaluate RUN_DIR` and the RestorationCallback, on a small trained run."""
+import json
+
+import pytest
+
+from hf_mecheval.cli import main as mecheval
+from hf_mecheval.training.run import main as train
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = tmp_path_factory.mktemp("runs") / "mamba"
+    assert train(["--task", "ar_32", "--task_config", '{"num_kv": 16, "num_pairs": 2}', "--architecture", "mamba",
+                  "--hidden_size", "16", "--train_size", "256", "--eval_size", "32", "--max_steps", "20",
+                  "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true", "--output_dir", str(run),
+                  "--restoration_every_n_steps", "10", "--restoration_examples", "16"]) == 0
+    return run
+
+
+def test_restoration_history_is_logged(run_dir):
+    history = json.loads((run_dir / "restoration_history.json").read_text())
+    assert [h["step"] for h in history] == [10, 20]
+    assert set(history[0]) == {"step", "accuracy", "restoration@key", "restoration@value", "restoration@query"}
+    state = json.loads((run_dir / "trainer_state.json").read_text())
+    assert any("restoration@value" in entry for entry in state["log_history"])
+
+
+def test_evaluate_writes_json_and_plots(run_dir, capsys):
+    assert mecheval(["evaluate", str(run_dir), "-n", "48", "--resamples", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "@value" in out and "->" in out
+    folder = run_dir / "interventions"
+    result = json.loads((folder / "interventions.json").read_text())
+    assert result["examples"] == 48 and set(result["corruptions"]) == {"key", "value"}
+    assert "layers.1.mixer.state" in result["sites"] and result["run"]["architecture"] == "mamba"
+    n_cells = len(result["sites"]) * len(result["positions"])
+    assert len(result["corruptions"]["key"]["cells"]) == n_cells
+    for name in ("residual_key.png", "residual_value.png", "sites_key.png", "sites_value.png",
+                 "restoration_history.png"):
+        data = (folder / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, name
+    # never overwritten without being asked
+    assert mecheval(["evaluate", str(run_dir), "-n", "8"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp / "missing", "does not exist"),
+    (lambda tmp: tmp, "is not a finished run"),
+])
+def test_evaluate_errors(tmp_path, capsys, make, message):
+    assert mecheval(["evaluate", str(make(tmp_path))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_unknown_site_lists_the_valid_ones(run_dir, tmp_path, capsys):
+    assert mecheval(["evaluate", str(run_dir), "--out", str(tmp_path), "--sites", "layers.0.attention"]) == 2
+    assert "valid sites: layers.0.input" in capsys.readouterr().err
