@@ -68,7 +68,10 @@ def pyvene_way(task, model, data):
     from hf_mecheval.interventions.pyvene_support import register_pyvene
 
     register_pyvene()
-    sites = model.site_names()
+    # pyvene's unit scatter handles (batch, length, hidden) activations; the recurrent state
+    # (batch, length, channels, d_state) and the short-conv output are left out and the time per
+    # cell is extrapolated to the whole grid (printed as such)
+    sites = [s for s in model.site_names() if not s.endswith(("mixer.state", "mixer.conv_output"))]
     t0 = time.perf_counter()
     for which in CORRUPTIONS:
         ids, bad, col = tensors(task, data, which)
@@ -85,12 +88,13 @@ def pyvene_way(task, model, data):
                     p_answer(model(bad).logits, col)                 # corrupted
                     _, out = intervenable({"input_ids": bad}, [{"input_ids": ids}], {"sources->base": (pos, pos)})
                     p_answer(out.logits, col)                        # patched
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, len(sites)
 
 
 def nnsight_way(task, model, data):
     from nnsight import NNsight
 
+    model.materialize_sites(True)      # nnsight does not use torch hooks: make mixers run their state sites
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         nm = NNsight(model)
@@ -148,9 +152,12 @@ def main():
         if args.skip_peers:
             continue
         if importlib.util.find_spec("pyvene"):
-            ref = pyvene_way(task, model, data)
-            print(f"  pyvene, the reference way: {ref:.2f} s -> ours is {ref / ours:.1f}x faster (target >= 10x) "
-                  f"{'ok' if ref >= 10 * ours else 'MISSED'}")
+            measured, n_sites = pyvene_way(task, model, data)
+            ref = measured * len(model.site_names()) / n_sites
+            note = "" if n_sites == len(model.site_names()) else \
+                f" (measured {measured:.2f} s on the {n_sites} residual-width sites, scaled to all {len(model.site_names())})"
+            print(f"  pyvene, the reference way: {ref:.2f} s{note} -> ours is {ref / ours:.1f}x faster "
+                  f"(target >= 10x) {'ok' if ref >= 10 * ours else 'MISSED'}")
         if importlib.util.find_spec("nnsight"):
             nn = nnsight_way(task, model, data)
             print(f"  nnsight, one trace per cell: {nn:.2f} s -> ours is {nn / ours:.1f}x faster")

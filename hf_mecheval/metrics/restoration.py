@@ -26,13 +26,17 @@ def _arrays(*xs):
     return out
 
 
+def _ratio_of_means(c: np.ndarray, k: np.ndarray, p: np.ndarray, threshold: float) -> np.ndarray:
+    """Restoration along the last axis; NaN where the denominator is not above threshold."""
+    denominator = c.mean(-1) - k.mean(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(denominator > threshold, (p.mean(-1) - k.mean(-1)) / denominator, np.nan)
+
+
 def restoration(p_clean, p_corrupt, p_patched, threshold: float = 0.01) -> float | None:
     """The ratio-of-means score, or None when mean(p_clean) - mean(p_corrupt) <= threshold."""
-    c, k, p = _arrays(p_clean, p_corrupt, p_patched)
-    denominator = c.mean() - k.mean()
-    if not denominator > threshold:
-        return None
-    return float((p.mean() - k.mean()) / denominator)
+    value = _ratio_of_means(*_arrays(p_clean, p_corrupt, p_patched), threshold)
+    return None if np.isnan(value) else float(value)
 
 
 def per_example_restoration(p_clean, p_corrupt, p_patched, threshold: float = 0.01) -> np.ndarray:
@@ -45,16 +49,19 @@ def per_example_restoration(p_clean, p_corrupt, p_patched, threshold: float = 0.
 
 def bootstrap_interval(statistic, arrays, n_resamples: int = 1000, confidence: float = 0.95,
                        seed: int = 0) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of ``statistic(*resampled_arrays)`` (examples resampled
-    with replacement, all arrays together). Resamples where the statistic is None are skipped."""
+    """Percentile bootstrap interval of a statistic (examples resampled with replacement, all
+    arrays together).
+
+    ``statistic`` is vectorised: it gets each array resampled as (n_resamples, n) and returns
+    (n_resamples,) values along the last axis; NaN marks a resample where it is undefined (such
+    resamples are skipped; None if more than half are)."""
     arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
     n = len(arrays[0])
     if n == 0 or n_resamples <= 0:
         return None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_resamples, n))
-    values = [statistic(*(a[i] for a in arrays)) for i in idx]
-    values = np.array([v for v in values if v is not None and np.isfinite(v)])
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+    values = np.asarray(statistic(*(a[idx] for a in arrays)), dtype=np.float64)
+    values = values[np.isfinite(values)]
     if len(values) < n_resamples // 2:
         return None
     alpha = (1 - confidence) / 2
@@ -73,10 +80,10 @@ def summarize_restoration(p_clean, p_corrupt, p_patched, threshold: float = 0.01
     per = per_example_restoration(c, k, p, threshold)
     return {
         "restoration": score,
-        "restoration_ci": bootstrap_interval(lambda a, b, d: restoration(a, b, d, threshold), (c, k, p),
+        "restoration_ci": bootstrap_interval(lambda a, b, d: _ratio_of_means(a, b, d, threshold), (c, k, p),
                                              n_resamples, seed=seed) if score is not None else None,
         "normalized_mean": _mean_or_none(per),
-        "normalized_ci": bootstrap_interval(lambda x: x.mean(), (per,), n_resamples, seed=seed) if len(per) else None,
+        "normalized_ci": bootstrap_interval(lambda x: x.mean(-1), (per,), n_resamples, seed=seed) if len(per) else None,
         "normalized_examples": int(len(per)),
         "p_patched_mean": float(p.mean()),
     }

@@ -22,6 +22,10 @@ a patch there reaches later positions only through the later layers) and
 ``layers.L.mixer.state`` (the recurrent state trajectory: a patch of the state at position p
 *does* propagate to later positions of the same layer, because the recurrence is re-run from
 the patched state). Each Site carries ``propagates`` saying which.
+
+Mixers skip materialising expensive internal sites (state trajectories) unless a torch hook is
+registered on them (plain hooks, pyvene) or ``model.materialize_sites(True)`` was called —
+call it before using a tool that does not register torch hooks (nnsight).
 """
 from __future__ import annotations
 

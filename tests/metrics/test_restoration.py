@@ -23,8 +23,8 @@ def test_bootstrap_interval_contains_the_estimate_and_shrinks_with_n():
     rng = np.random.default_rng(0)
     small = rng.normal(1.0, 1.0, 50)
     big = rng.normal(1.0, 1.0, 5000)
-    lo_s, hi_s = bootstrap_interval(lambda x: x.mean(), (small,), 500)
-    lo_b, hi_b = bootstrap_interval(lambda x: x.mean(), (big,), 500)
+    lo_s, hi_s = bootstrap_interval(lambda x: x.mean(-1), (small,), 500)
+    lo_b, hi_b = bootstrap_interval(lambda x: x.mean(-1), (big,), 500)
     assert lo_s < small.mean() < hi_s and lo_b < big.mean() < hi_b
     assert (hi_b - lo_b) < (hi_s - lo_s) / 5
     # ~ +-1.96 sd / sqrt(n) for a mean

@@ -51,3 +51,17 @@ def test_published_folder_loads_with_load_dataset(tmp_path):
     # never overwrite without being asked
     with pytest.raises(MechEvalError, match="already exists"):
         materialize(["atr_easy"], folder, train_size=10, eval_size=10, progress=False)
+
+
+def test_dataset_scripts_materialise_every_preset_of_a_task(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "dataset_scripts" / "ar" / "materialize.py"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "ar"), "--train-size", "20",
+                           "--eval-size", "5"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for preset in ("ar_32", "ar_32_value_first", "ar_32_gen"):
+        ds = datasets.load_dataset(str(tmp_path / "ar"), preset, cache_dir=str(tmp_path / "cache"))
+        assert len(ds["train"]) == 20 and len(ds["test"]) == 5
