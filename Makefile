@@ -27,9 +27,9 @@ $(STAMP): pyproject.toml Makefile
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q
 
-# Until the quickstart training job exists, the main job shows what the tasks look like.
+# The main job: 8 models on a reduced AR setting, interventions, report (runs/quickstart/).
 quickstart: $(STAMP)
-	$(VENV)/bin/mecheval data stats ar_32 atr_easy atr_medium atr_8192
+	$(VENV)/bin/mecheval quickstart
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -141,6 +141,35 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ reports
+def _report(args: argparse.Namespace) -> int:
+    from .reports.report import markdown_table, write_report
+
+    result = write_report(args.runs, args.out)
+    print(markdown_table(result["rows"]), end="")
+    print(f"report: {args.out}/report.md")
+    return 0
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from .reports.quickstart import quickstart
+
+    quickstart(args.out, tiny=args.tiny)
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from .reports.reproduce import reproduce
+
+    result = reproduce(args.preset, args.out, launcher=args.launcher, workers=args.workers, n=args.n,
+                       dry_run=args.dry_run)
+    if args.dry_run:
+        print(f"{len(result['runs'])} runs")
+        return 0
+    print(f"report: {result['report']}/report.md; failed runs: {len(result['outcome']['failed'])}")
+    return 1 if result["outcome"]["failed"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .tasks.seeding import SPLITS
 
@@ -227,6 +256,33 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--resamples", type=_non_negative_int, default=1000, help="bootstrap resamples")
     ev.add_argument("--overwrite", action="store_true", help="replace existing results")
     ev.set_defaults(func=_evaluate)
+
+    rep = commands.add_parser("report", help="tables and figures from run directories",
+                              description="Accuracy, restoration @key/@value/@query at the last layer's input and "
+                                          "mechanism labels of runs, as report.md, CSV/JSON and figures.")
+    rep.add_argument("runs", nargs="+", help="run directories (evaluated ones include intervention results)")
+    rep.add_argument("--out", default="runs/report", help="output folder (default runs/report)")
+    rep.set_defaults(func=_report)
+
+    qs = commands.add_parser("quickstart", help="train 8 models on a reduced AR setting, run the interventions, report",
+                             description="The CPU quickstart: Transformer, Based, Mamba (conv 4 and conv 0), Hyena, H3, "
+                                         "BaseConv and DeltaNet on a reduced AR setting, the intervention grid on each, "
+                                         "and a report that checks the paper's headline. Finished parts are reused.")
+    qs.add_argument("--out", default="runs/quickstart", help="output folder (default runs/quickstart)")
+    qs.add_argument("--tiny", action="store_true", help="a seconds-long smoke version (for tests)")
+    qs.set_defaults(func=_quickstart)
+
+    from .reports.reproduce import PRESETS as REPRODUCE_PRESETS
+    rp = commands.add_parser("reproduce", help="a full reference sweep, then interventions on every run and the report",
+                             description="Run a reference sweep (GPU scale: hundreds of runs), the intervention grid "
+                                         "on every finished run, and the report. Finished runs are reused.")
+    rp.add_argument("--preset", required=True, choices=list(REPRODUCE_PRESETS), help="which experiment")
+    rp.add_argument("--out", default="runs/reproduce", help="output folder (default runs/reproduce)")
+    rp.add_argument("--launcher", choices=("local", "ray"), default="local", help="as for `mecheval sweep`")
+    rp.add_argument("--workers", type=_non_negative_int, default=1, help="runs at once (local launcher)")
+    rp.add_argument("-n", type=_non_negative_int, default=320, help="documents for the interventions (default 320)")
+    rp.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    rp.set_defaults(func=_reproduce)
     return parser
 
 

@@ -70,6 +70,9 @@ def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 32
         plots.restoration_curves(json.loads(history.read_text()), out / "restoration_history.png",
                                  f"{name}: restoration at the last layer's input over training")
     write_text_atomic(target, json.dumps(result, indent=1) + "\n", overwrite=True)
+    from .model_card import write_model_card
+
+    write_model_card(run_dir)          # the card now carries the restoration scores and the label
     return result
 
 

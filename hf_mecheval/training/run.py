@@ -155,6 +155,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
         history = [{k: v for k, v in entry.items()} for entry in trainer.state.log_history]
         metrics = {"final": final, "history": history}
         write_text_atomic(run_dir / METRICS_FILE, json.dumps(metrics, indent=2) + "\n", overwrite=True)
+        from ..reports.model_card import write_model_card
+
+        write_model_card(run_dir)
     return final
 
 

@@ -94,25 +94,29 @@ class Sweep:
         for key in list(defaults) + [k for g in grids for k in g]:
             if key not in RUN_FIELDS:
                 raise ConfigError(key, f"not a training argument; see `mecheval train --help`")
-        runs, grid_fields, seen = [], [], set()
+        expanded, grid_fields = [], []
         for grid in grids:
             grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
             grid.setdefault("seed", seeds if isinstance(seeds, list) else [seeds])
-            for key in grid:
-                if key not in grid_fields:
-                    grid_fields.append(key)
-            for values in itertools.product(*grid.values()):
-                args = {**defaults, **dict(zip(grid, values))}
-                name = run_name(args, [k for k in grid if len(grid[k]) > 1 or k in ("architecture", "seed")])
-                if name in seen:
-                    raise ConfigError("grids", f"two runs would share the directory {name}")
-                seen.add(name)
-                runs.append(Run(name, args))
+            grid_fields += [k for k in grid if k not in grid_fields]
+            expanded += [{**defaults, **dict(zip(grid, values))} for values in itertools.product(*grid.values())]
+        # a run's name shows the fields that tell it apart from the other runs of the sweep
+        def shown(key):
+            values = {json.dumps(args.get(key), sort_keys=True, default=str) for args in expanded}
+            return key in ("architecture", "seed") or len(values) > 1
+        naming = [k for k in grid_fields if shown(k)]
+        runs, seen = [], set()
+        for args in expanded:
+            name = run_name(args, [k for k in naming if k in args])
+            if name in seen:
+                raise ConfigError("grids", f"two runs would share the directory {name}")
+            seen.add(name)
+            runs.append(Run(name, args))
         return Sweep(spec["name"], runs, grid_fields)
 
 
 _SHORT = {"architecture": "", "hidden_size": "d", "num_hidden_layers": "L", "learning_rate": "lr", "seed": "s",
-          "max_position_embeddings": "pos", "task": ""}
+          "max_position_embeddings": "pos", "task": "", "model_config": "", "task_config": ""}
 
 
 def run_name(args: dict, keys: list[str]) -> str:

@@ -29,7 +29,7 @@ def test_expansion_names_and_errors():
                              "seeds": [0, 1]})
     assert len(sweep.runs) == 2 * 2 * 2 * 2 + 2
     assert len({r.name for r in sweep.runs}) == len(sweep.runs)
-    assert "mamba_d16_lr1e-03_s0" in {r.name for r in sweep.runs}
+    assert "mamba_d16_lr1e-03_conv_kernel0_s0" in {r.name for r in sweep.runs}
     with pytest.raises(ConfigError, match="learning_rat"):
         Sweep.from_dict({"name": "s", "grids": [{"learning_rat": [1]}]})
     with pytest.raises(ConfigError, match="allowed: name"):

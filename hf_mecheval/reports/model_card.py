@@ -1,0 +1,85 @@
+"""Model cards: a ``README.md`` with YAML metadata beside every saved model.
+
+Metadata: library name, tags, the task as dataset (with its config), a ``model-index`` with the
+test and validation accuracy and — once ``mecheval evaluate`` ran — the restoration scores at
+the last layer's input and the mechanism label. The text comes from ``model_card_template.md`` beside this file.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import MechEvalError
+
+TEMPLATE = Path(__file__).with_name("model_card_template.md")
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
+    """Write (or refresh) ``RUN_DIR/README.md``; returns its path."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    run_dir = Path(run_dir)
+    try:
+        record = json.loads((run_dir / "run.json").read_text())
+        final = json.loads((run_dir / "metrics.json").read_text())["final"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        raise MechEvalError(f"{run_dir} is not a finished run (run.json and metrics.json are needed)") from None
+    model, task = record["model"], record["task"]
+    dataset = "mecheval/ar" if task["preset"].startswith("ar") else "mecheval/atr"
+    common = dict(task_type="text-generation", task_name="in-context retrieval", dataset_type=dataset,
+                  dataset_name=task["preset"], dataset_config=task["preset"], dataset_args=task["config"])
+    results = [EvalResult(metric_type="accuracy", metric_value=final["test_accuracy"], dataset_split="test",
+                          metric_name="test accuracy", **common),
+               EvalResult(metric_type="accuracy", metric_value=final["validation_accuracy"],
+                          dataset_split="validation", metric_name="validation accuracy", **common)]
+    mechanism = "Not evaluated yet: run `mecheval evaluate` on the run directory."
+    extra = {}
+    interventions = run_dir / "interventions" / "interventions.json"
+    if interventions.exists():
+        from .evaluate_run import last_layer_summary
+
+        result = json.loads(interventions.read_text())
+        row = last_layer_summary(result)
+        for p in ("key", "value", "query"):
+            if row[f"@{p}"] is not None:
+                results.append(EvalResult(metric_type="restoration", metric_value=round(row[f"@{p}"], 4),
+                                          dataset_split="test", metric_name=f"restoration @{p} (last layer input, "
+                                                                            f"key corrupted)", **common))
+        extra["mechanism"] = row["mechanism"]
+        mechanism = (f"Key corrupted, residual stream patched at the input of the last layer: restoration "
+                     f"@key {_fmt(row['@key'])}, @value {_fmt(row['@value'])}, @query {_fmt(row['@query'])}. Label: "
+                     f"**{row['mechanism']}** ({row['confidence']} confidence) — {result['mechanism']['reason']}.")
+    name = repo_id or run_dir.name
+    data = ModelCardData(library_name="transformers", license="apache-2.0", model_name=name,
+                         tags=["hf-mecheval", "mechanistic-interpretability", model.get("model_type", ""),
+                               task["preset"]],
+                         datasets=[dataset], metrics=["accuracy"], eval_results=results, pipeline_tag="text-generation",
+                         **extra)
+    card = ModelCard.from_template(
+        data, template_str=TEMPLATE.read_text(), model_name=name, architecture=model.get("architecture"),
+        model_type=model.get("model_type"), num_layers=model.get("num_hidden_layers"),
+        hidden_size=model.get("hidden_size"), vocab_size=model.get("vocab_size"), task=task["preset"],
+        task_config=json.dumps(task["config"]), train_size=task.get("train_size"), dataset_seed=task.get("dataset_seed"),
+        learning_rate=record["training"].get("learning_rate"), epochs=final.get("epochs"),
+        seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
+        test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or str(run_dir))
+    path = run_dir / "README.md"
+    card.save(path)
+    return path
+
+
+def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
+    """Upload a run directory's model, config and card as a model repository."""
+    from huggingface_hub import HfApi
+
+    write_model_card(run_dir, repo_id)
+    api = HfApi()
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    api.upload_folder(folder_path=str(run_dir), repo_id=repo_id,
+                      allow_patterns=["config.json", "model.safetensors", "README.md", "run.json", "metrics.json",
+                                      "interventions/*"])
+    return f"https://huggingface.co/{repo_id}"

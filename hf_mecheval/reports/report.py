@@ -1,0 +1,169 @@
+"""``mecheval report RUN...``: tables and paper-style figures from run directories.
+
+Each run directory holds ``run.json`` and ``metrics.json`` (from ``mecheval train``) and, when
+``mecheval evaluate`` ran, ``interventions/interventions.json``. Outputs (``--out``):
+
+* ``runs.csv`` / ``runs.json`` — one row per run: architecture, label, width, layers, task,
+  learning rate, accuracies, restoration @key/@value/@query at the last layer's input (key
+  corrupted), mechanism label and confidence;
+* ``accuracy.png`` — test accuracy per run, or against width when several widths exist;
+* ``scatter_value_query.png`` / ``scatter_query_key.png`` — the mechanism plane of the paper;
+* ``layers.png`` — restoration at every layer's input (rows: runs; columns: layer x position);
+* ``conv_kernel.png`` — accuracy against the short-convolution width, when runs vary it;
+* ``report.md`` — the table and the figures.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ..errors import MechEvalError  # noqa: E402
+from ..io_utils import write_text_atomic  # noqa: E402
+from .plots import _save  # noqa: E402
+
+POSITIONS = ("key", "value", "query")
+
+
+def run_label(record: dict) -> str:
+    model = record["model"]
+    arch = model.get("architecture", model.get("model_type", "?"))
+    extra = []
+    if arch == "mamba":
+        extra.append(f"conv {model.get('conv_kernel', 4)}")
+    if arch == "based" and model.get("short_conv_kernel", 3) != 3:
+        extra.append(f"conv {model.get('short_conv_kernel')}")
+    return f"{arch} ({', '.join(extra)})" if extra else arch
+
+
+def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
+    rows = []
+    for run_dir in map(Path, run_dirs):
+        try:
+            record = json.loads((run_dir / "run.json").read_text())
+            final = json.loads((run_dir / "metrics.json").read_text())["final"]
+        except (OSError, json.JSONDecodeError, KeyError):
+            raise MechEvalError(f"{run_dir} is not a finished run (run.json and metrics.json are needed)") from None
+        model = record["model"]
+        row = {"run": str(run_dir), "label": run_label(record), "architecture": model.get("architecture"),
+               "hidden_size": model.get("hidden_size"), "layers": model.get("num_hidden_layers"),
+               "conv_kernel": model.get("conv_kernel", model.get("short_conv_kernel")),
+               "task": record["task"]["preset"], "learning_rate": record["training"].get("learning_rate"),
+               "validation_accuracy": final["validation_accuracy"], "test_accuracy": final["test_accuracy"]}
+        path = run_dir / "interventions" / "interventions.json"
+        if path.exists():
+            result = json.loads(path.read_text())
+            n_layers = max(c["layer"] for c in result["corruptions"]["key"]["cells"]) + 1
+            site = f"layers.{n_layers - 1}.input"
+            by = {(c["site"], c["position"]): c for c in result["corruptions"]["key"]["cells"]}
+            for p in POSITIONS:
+                c = by.get((site, p))
+                row[f"@{p}"] = c["restoration"] if c else None
+                row[f"@{p}_ci"] = c["restoration_ci"] if c else None
+            row["mechanism"] = result["mechanism"]["label"]
+            row["confidence"] = result["mechanism"]["confidence"]
+            row["layer_scores"] = {f"layers.{l}.input@{p}": by[(f"layers.{l}.input", p)]["restoration"]
+                                   for l in range(n_layers) for p in POSITIONS if (f"layers.{l}.input", p) in by}
+        rows.append(row)
+    return rows
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ["run", "accuracy", "@key", "@value", "@query", "mechanism"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        mech = f"{r.get('mechanism', 'n/a')} ({r['confidence']})" if r.get("mechanism") else "n/a"
+        lines.append(f"| {r['label']} (d={r['hidden_size']}) | {100 * r['test_accuracy']:.1f} % | "
+                     f"{_fmt(r.get('@key'))} | {_fmt(r.get('@value'))} | {_fmt(r.get('@query'))} | {mech} |")
+    return "\n".join(lines) + "\n"
+
+
+def figures(rows: list[dict], out: Path) -> list[Path]:
+    made = []
+    # accuracy: against width where widths vary, else one bar per run
+    widths = sorted({r["hidden_size"] for r in rows})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(widths) > 1:
+        for label in sorted({r["label"] for r in rows}):
+            pts = sorted((r["hidden_size"], r["test_accuracy"]) for r in rows if r["label"] == label)
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("hidden size")
+        ax.legend(fontsize=8)
+    else:
+        ax.bar(range(len(rows)), [100 * r["test_accuracy"] for r in rows], color="tab:blue")
+        ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=30, ha="right")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("AR/ATR test accuracy")
+    made.append(_save(fig, out / "accuracy.png"))
+    with_iv = [r for r in rows if r.get("mechanism")]
+    for x, y, name in (("value", "query", "scatter_value_query.png"), ("query", "key", "scatter_query_key.png")):
+        if not with_iv:
+            break
+        fig, ax = plt.subplots(figsize=(5.5, 5))
+        for r in with_iv:
+            if r.get(f"@{x}") is None or r.get(f"@{y}") is None:
+                continue
+            ax.scatter(r[f"@{x}"], r[f"@{y}"], s=40 + 120 * r["test_accuracy"])
+            ax.annotate(r["label"], (r[f"@{x}"], r[f"@{y}"]), fontsize=8, xytext=(4, 4), textcoords="offset points")
+        ax.set_xlim(-0.2, 1.2)
+        ax.set_ylim(-0.2, 1.2)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.axvline(0, color="grey", lw=0.5)
+        ax.set_xlabel(f"restoration @{x} (last layer's input, key corrupted)")
+        ax.set_ylabel(f"restoration @{y}")
+        ax.set_title(f"@{x} vs @{y} (marker size: accuracy)")
+        made.append(_save(fig, out / name))
+    if with_iv:
+        cols = sorted({k for r in with_iv for k in r.get("layer_scores", {})})
+        fig, ax = plt.subplots(figsize=(1.0 * len(cols) + 3, 0.45 * len(with_iv) + 1.8))
+        grid = [[(r["layer_scores"].get(c) if r["layer_scores"].get(c) is not None else float("nan")) for c in cols]
+                for r in with_iv]
+        image = ax.imshow(grid, vmin=-0.2, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(cols)), [c.replace(".input", "") for c in cols], rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(with_iv)), [f"{r['label']} d={r['hidden_size']}" for r in with_iv], fontsize=8)
+        fig.colorbar(image, ax=ax, label="restoration (key corrupted)")
+        ax.set_title("restoration at each layer's input")
+        made.append(_save(fig, out / "layers.png"))
+    kernels = [r for r in rows if r["architecture"] in ("mamba", "based") and r["conv_kernel"] is not None]
+    if len({(r["architecture"], r["conv_kernel"]) for r in kernels}) > 2:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for arch in sorted({r["architecture"] for r in kernels}):
+            pts = sorted((str(r["conv_kernel"]), r["test_accuracy"]) for r in kernels if r["architecture"] == arch)
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=arch)
+        ax.set_xlabel("short convolution width")
+        ax.set_ylabel("test accuracy (%)")
+        ax.legend()
+        made.append(_save(fig, out / "conv_kernel.png"))
+    return made
+
+
+def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-mecheval report",
+                 preamble: str = "") -> dict:
+    out = Path(out)
+    rows = collect_runs(run_dirs)
+    if not rows:
+        raise MechEvalError("no runs to report")
+    made = figures(rows, out)
+    flat = [{k: v for k, v in r.items() if k != "layer_scores"} for r in rows]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(flat[0]))
+    writer.writeheader()
+    writer.writerows(flat)
+    write_text_atomic(out / "runs.csv", buffer.getvalue(), overwrite=True)
+    write_text_atomic(out / "runs.json", json.dumps(rows, indent=1) + "\n", overwrite=True)
+    body = [f"# {title}", "", preamble, "", markdown_table(rows), ""]
+    body += [f"![{p.stem}]({p.name})" for p in made]
+    write_text_atomic(out / "report.md", "\n".join(body) + "\n", overwrite=True)
+    return {"rows": rows, "figures": [str(p) for p in made], "out": str(out)}

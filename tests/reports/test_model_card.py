@@ -1,0 +1,73 @@
+"""Model cards beside saved models, and pushing a run (against a local folder standing in for the Hub)."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+
+from hf_mecheval.errors import MechEvalError
+from hf_mecheval.reports import model_card
+from hf_mecheval.training.run import main as train
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = tmp_path_factory.mktemp("cards") / "h3"
+    assert train(["--task", "atr_easy", "--architecture", "h3", "--hidden_size", "8", "--model_config",
+                  '{"d_state": 8}', "--train_size", "64", "--eval_size", "16", "--max_steps", "4",
+                  "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true",
+                  "--output_dir", str(run)]) == 0
+    return run
+
+
+def test_card_is_written_after_training(run_dir):
+    card = ModelCard.load(run_dir / "README.md")
+    final = json.loads((run_dir / "metrics.json").read_text())["final"]
+    assert card.data.library_name == "transformers" and "mecheval-h3" in card.data.tags
+    results = card.data.eval_results
+    test = next(r for r in results if r.dataset_split == "test" and r.metric_type == "accuracy")
+    assert test.metric_value == final["test_accuracy"] and test.dataset_config == "atr_easy"
+    assert "Not evaluated yet" in card.text
+
+
+def test_card_gains_restoration_after_evaluate(run_dir):
+    from hf_mecheval.reports.evaluate_run import evaluate_run
+
+    result = evaluate_run(run_dir, n=16, n_resamples=20, progress=False, overwrite=True)
+    card = ModelCard.load(run_dir / "README.md")
+    assert card.data.to_dict()["mechanism"] == result["mechanism"]["label"]
+    names = [r.metric_name for r in card.data.eval_results]
+    assert any("restoration @value" in n for n in names) or result["corruptions"]["key"]["denominator"] <= 0.1
+
+
+def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
+    """The Hub is replaced by a local folder: create_repo/upload_folder copy files there."""
+    hub = tmp_path / "hub"
+
+    class LocalHub:
+        def create_repo(self, repo_id, private=False, exist_ok=False):
+            (hub / repo_id).mkdir(parents=True, exist_ok=exist_ok)
+
+        def upload_folder(self, folder_path, repo_id, allow_patterns):
+            import fnmatch
+            for path in Path(folder_path).rglob("*"):
+                rel = str(path.relative_to(folder_path))
+                if path.is_file() and any(fnmatch.fnmatch(rel, p) for p in allow_patterns):
+                    (hub / repo_id / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(path, hub / repo_id / rel)
+
+    monkeypatch.setattr("huggingface_hub.HfApi", LocalHub)
+    url = model_card.push_run(run_dir, "mecheval/h3-atr-easy")
+    assert url.endswith("mecheval/h3-atr-easy")
+    pushed = hub / "mecheval" / "h3-atr-easy"
+    assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in pushed.iterdir()}
+    assert "mecheval/h3-atr-easy" in (pushed / "README.md").read_text()
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(pushed).config.model_type == "mecheval-h3"
+
+
+def test_card_needs_a_finished_run(tmp_path):
+    with pytest.raises(MechEvalError, match="not a finished run"):
+        model_card.write_model_card(tmp_path)
