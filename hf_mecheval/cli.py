@@ -287,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:
+        # every flag (--help included) belongs to the training parser; argparse's REMAINDER
+        # would take a leading flag as one of `mecheval`'s own
+        from .training.run import main as train_main
+
+        return train_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

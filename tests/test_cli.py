@@ -66,3 +66,18 @@ def test_publish_and_console_script(tmp_path):
     again = subprocess.run([sys.executable, "-m", "hf_mecheval.cli", "data", "publish", "atr_easy",
                             "--out", str(out)], capture_output=True, text=True)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+@pytest.mark.parametrize("command", [["data", "generate"], ["data", "stats"], ["data", "publish"], ["train"],
+                                     ["sweep"], ["evaluate"], ["report"], ["quickstart"], ["reproduce"]])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(command + ["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage:" in text and len(text) > 200
+
+
+def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
+    assert main(["reproduce", "--preset", "ablation-mamba", "--dry-run"]) == 0
+    assert "225 runs" in capsys.readouterr().out

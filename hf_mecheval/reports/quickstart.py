@@ -64,6 +64,10 @@ def _train_args(name: str, arch: str, extra: dict, setting: dict, run_dir: Path)
     return args
 
 
+def _f(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def headline(rows: dict[str, dict]) -> list[dict]:
     """The paper's claims on this setting, each with a verdict and the figures behind it."""
     def acc(n):
@@ -76,15 +80,16 @@ def headline(rows: dict[str, dict]) -> list[dict]:
     for n in ("transformer", "based"):
         checks.append({"claim": f"{n} solves AR by induction (@value high, @query low)",
                        "holds": acc(n) >= 0.9 and mech(n) == "induction",
-                       "figures": f"accuracy {acc(n):.2f}, @value {rows[n].get('@value')}, @query "
-                                  f"{rows[n].get('@query')}, label {mech(n)}"})
+                       "figures": f"accuracy {acc(n):.2f}, @value {_f(rows[n].get('@value'))}, @query "
+                                  f"{_f(rows[n].get('@query'))}, label {mech(n)}"})
     checks.append({"claim": "Mamba with its short convolution (width 4) solves AR; without it (width 0) it does not",
                    "holds": acc("mamba_conv4") >= 0.8 and acc("mamba_conv0") <= acc("mamba_conv4") - 0.3,
                    "figures": f"accuracy conv 4 {acc('mamba_conv4'):.2f}, conv 0 {acc('mamba_conv0'):.2f}"})
     checks.append({"claim": "Mamba (conv 4) does not use induction (@value low)",
                    "holds": rows["mamba_conv4"].get("@value") is not None and rows["mamba_conv4"]["@value"] <= 0.3,
-                   "figures": f"@key {rows['mamba_conv4'].get('@key')}, @value {rows['mamba_conv4'].get('@value')}, "
-                              f"@query {rows['mamba_conv4'].get('@query')}, label {mech('mamba_conv4')}"})
+                   "figures": f"@key {_f(rows['mamba_conv4'].get('@key'))}, @value "
+                              f"{_f(rows['mamba_conv4'].get('@value'))}, @query {_f(rows['mamba_conv4'].get('@query'))}, "
+                              f"label {mech('mamba_conv4')}"})
     for n in ("hyena", "h3", "baseconv"):
         solved = acc(n) >= 0.9
         checks.append({"claim": f"{n}: fails AR, or solves it by direct retrieval rather than induction",

@@ -126,7 +126,9 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_title(f"@{x} vs @{y} (marker size: accuracy)")
         made.append(_save(fig, out / name))
     if with_iv:
-        cols = sorted({k for r in with_iv for k in r.get("layer_scores", {})})
+        present = {k for r in with_iv for k in r.get("layer_scores", {})}
+        n_layers = 1 + max(int(k.split(".")[1]) for k in present)
+        cols = [f"layers.{l}.input@{p}" for l in range(n_layers) for p in POSITIONS if f"layers.{l}.input@{p}" in present]
         fig, ax = plt.subplots(figsize=(1.0 * len(cols) + 3, 0.45 * len(with_iv) + 1.8))
         grid = [[(r["layer_scores"].get(c) if r["layer_scores"].get(c) is not None else float("nan")) for c in cols]
                 for r in with_iv]
