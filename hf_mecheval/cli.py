@@ -301,6 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MechEvalError as exc:
         print(f"mecheval: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an unwritable or unreadable path anywhere below
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"mecheval: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("mecheval: interrupted", file=sys.stderr)
         return 130

@@ -81,3 +81,17 @@ def test_every_command_has_help(command, capsys):
 def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
     assert main(["reproduce", "--preset", "ablation-mamba", "--dry-run"]) == 0
     assert "225 runs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "runs/definitely-missing"],
+    ["evaluate", "runs/definitely-missing"],
+    ["quickstart", "--tiny", "--out", "/proc/forbidden/qs"],
+    ["train", "--task", "ar_32", "--output_dir", "/proc/forbidden/run", "--max_steps", "1", "--train_size", "8",
+     "--eval_size", "4"],
+    ["data", "publish", "atr_easy", "--out", "/proc/forbidden/data", "--train-size", "4", "--eval-size", "2"],
+])
+def test_error_paths_print_one_line(argv, capsys):
+    assert main(argv) == 2
+    err = [l for l in capsys.readouterr().err.strip().splitlines() if "error" in l]
+    assert len(err) == 1 and err[0].startswith("mecheval")

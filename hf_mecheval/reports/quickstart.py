@@ -105,6 +105,7 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     setting = TINY if tiny else SETTING
     out = Path(out)
     runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)      # an unwritable output fails here, before any work
     started = time.perf_counter()
     for name, arch, extra in MODELS:
         run_dir = runs_dir / name

@@ -199,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MechEvalError as exc:
         print(f"mecheval train: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # e.g. an unwritable output_dir
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"mecheval train: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
     if training_args.process_index == 0:
         print(json.dumps(final, indent=2))
     return 0
