@@ -170,6 +170,15 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 1 if result["outcome"]["failed"] else 0
 
 
+def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> None:
+    """Flags shared by the commands that run a sweep."""
+    parser.add_argument("--launcher", choices=("local", "ray"), default="local",
+                        help="local: processes on this machine; ray: a Ray cluster (RAY_ADDRESS) or a local one")
+    parser.add_argument("--workers", type=_non_negative_int, default=1, help="runs at once (local launcher)")
+    parser.add_argument("--out", default=default_out, help=f"parent folder of the sweep directory (default {default_out})")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .tasks.seeding import SPLITS
 
@@ -235,11 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "interrupted ones resumed) and write results.{json,csv,md}: the best "
                                             "learning rate per configuration by validation, reported on test.")
     sweep.add_argument("file", help="sweep YAML, e.g. training/sweeps/ar_main.yaml")
-    sweep.add_argument("--launcher", choices=("local", "ray"), default="local",
-                       help="local: processes on this machine; ray: a Ray cluster (RAY_ADDRESS) or a local one")
-    sweep.add_argument("--workers", type=_non_negative_int, default=1, help="runs at once (local launcher)")
-    sweep.add_argument("--out", default="runs/sweeps", help="parent folder of the sweep directory (default runs/sweeps)")
-    sweep.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    _launcher_arguments(sweep, default_out="runs/sweeps")
     sweep.set_defaults(func=_sweep)
 
     ev = commands.add_parser("evaluate", help="run the intervention grid on a trained run (JSON + plots)",
@@ -277,11 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Run a reference sweep (GPU scale: hundreds of runs), the intervention grid "
                                          "on every finished run, and the report. Finished runs are reused.")
     rp.add_argument("--preset", required=True, choices=list(REPRODUCE_PRESETS), help="which experiment")
-    rp.add_argument("--out", default="runs/reproduce", help="output folder (default runs/reproduce)")
-    rp.add_argument("--launcher", choices=("local", "ray"), default="local", help="as for `mecheval sweep`")
-    rp.add_argument("--workers", type=_non_negative_int, default=1, help="runs at once (local launcher)")
+    _launcher_arguments(rp, default_out="runs/reproduce")
     rp.add_argument("-n", type=_non_negative_int, default=320, help="documents for the interventions (default 320)")
-    rp.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     rp.set_defaults(func=_reproduce)
     return parser
 

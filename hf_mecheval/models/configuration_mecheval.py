@@ -38,6 +38,14 @@ def _float(cfg, name, minimum=None, exclusive=False):
         raise ConfigError(name, f"must be {'>' if exclusive else '>='} {minimum}, got {value}")
 
 
+def _divides_hidden(cfg, name):
+    """A positive integer that divides hidden_size (a head count or a head size)."""
+    _int(cfg, name, minimum=1)
+    value = getattr(cfg, name)
+    if cfg.hidden_size % value:
+        raise ConfigError(name, f"must divide hidden_size ({cfg.hidden_size}), got {value}")
+
+
 def _choice(cfg, name, allowed):
     value = getattr(cfg, name)
     if value not in allowed:
@@ -99,10 +107,7 @@ class TransformerConfig(MechEvalConfig):
 
     def validate_fields(self) -> None:
         super().validate_fields()
-        _int(self, "num_attention_heads", minimum=1)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError("num_attention_heads",
-                              f"must divide hidden_size ({self.hidden_size}), got {self.num_attention_heads}")
+        _divides_hidden(self, "num_attention_heads")
 
     def layer_mixers(self) -> list[str]:
         return ["attention"] * self.num_hidden_layers
@@ -127,12 +132,9 @@ class BasedConfig(MechEvalConfig):
         if self.short_conv_kernel != "long":
             _int(self, "short_conv_kernel", allowed=(1, 2, 3, 4, 5, 6, 7, 8))
         _int(self, "feature_dim", minimum=1)
-        _int(self, "num_attention_heads", minimum=1)
         _int(self, "long_filter_order", minimum=1)
         _int(self, "max_filter_length", minimum=2)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError("num_attention_heads",
-                              f"must divide hidden_size ({self.hidden_size}), got {self.num_attention_heads}")
+        _divides_hidden(self, "num_attention_heads")
 
     def layer_mixers(self) -> list[str]:
         return ["base_conv" if i % 2 == 0 else "based" for i in range(self.num_hidden_layers)]
@@ -183,9 +185,7 @@ class H3Config(MechEvalConfig):
     def validate_fields(self) -> None:
         super().validate_fields()
         _int(self, "d_state", minimum=1)
-        _int(self, "head_dim", minimum=1)
-        if self.hidden_size % self.head_dim:
-            raise ConfigError("head_dim", f"must divide hidden_size ({self.hidden_size}), got {self.head_dim}")
+        _divides_hidden(self, "head_dim")
 
     def layer_mixers(self) -> list[str]:
         return ["h3"] * self.num_hidden_layers
@@ -271,10 +271,7 @@ class DeltaNetConfig(MechEvalConfig):
 
     def validate_fields(self) -> None:
         super().validate_fields()
-        _int(self, "num_attention_heads", minimum=1)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError("num_attention_heads",
-                              f"must divide hidden_size ({self.hidden_size}), got {self.num_attention_heads}")
+        _divides_hidden(self, "num_attention_heads")
         if not isinstance(self.use_short_conv, bool):
             raise ConfigError("use_short_conv", f"must be true or false, got {self.use_short_conv!r}")
         _int(self, "conv_kernel", minimum=1)
