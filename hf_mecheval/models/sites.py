@@ -73,9 +73,13 @@ def rerun_from_patched_states(original: torch.Tensor, patched: torch.Tensor, tra
     """
     delta = patched - original
     changed = delta != 0
+    touched = changed.reshape(changed.shape[0], changed.shape[1], -1).any(-1).any(0)   # (L,)
+    if not bool(touched.any()):
+        return original
+    first = int(touched.nonzero()[0])                  # nothing changes before the first patch
     e, out = torch.zeros_like(original[:, 0]), []
-    for t in range(original.shape[1]):
-        carried = transition(t, e) if t > 0 else e
+    for t in range(first, original.shape[1]):
+        carried = transition(t, e) if t > first else e
         e = torch.where(changed[:, t], delta[:, t], carried)
         out.append(e)
-    return original + torch.stack(out, dim=1)
+    return torch.cat([original[:, :first], original[:, first:] + torch.stack(out, dim=1)], dim=1)
