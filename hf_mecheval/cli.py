@@ -43,7 +43,7 @@ def _preset_names() -> list[str]:
 # ------------------------------------------------------------------------------ data
 def _data_generate(args: argparse.Namespace) -> int:
     from .io_utils import write_parquet_atomic
-    from .tasks.presets import build_task, get_preset
+    from .tasks.presets import build_task
 
     overrides = _grammar_override(args.preset, args.grammar_seed)
     task = build_task(args.preset, **overrides)

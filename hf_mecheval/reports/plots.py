@@ -35,7 +35,7 @@ def residual_heatmap(result: dict, corruption: str, path: str | Path, title: str
     ax.set_yticks(range(len(layers)), [f"layers.{l}.input" for l in layers])
     ax.set_title(title or f"restoration, {corruption} corrupted (residual stream)")
     fig.colorbar(image, ax=ax, label="restoration")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def component_bars(result: dict, corruption: str, path: str | Path, title: str = "") -> Path:
@@ -56,7 +56,7 @@ def component_bars(result: dict, corruption: str, path: str | Path, title: str =
     ax.set_ylim(-0.3, 1.1)
     ax.legend(ncol=len(positions), fontsize=8)
     ax.set_title(title or f"restoration by site, {corruption} corrupted")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def restoration_curves(history: list[dict], path: str | Path, title: str = "") -> Path:
@@ -72,10 +72,10 @@ def restoration_curves(history: list[dict], path: str | Path, title: str = "") -
     ax.set_ylim(-0.3, 1.1)
     ax.legend(fontsize=8)
     ax.set_title(title or "mechanism over training")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig, path) -> Path:
+def save_figure(fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")

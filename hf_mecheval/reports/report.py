@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import MechEvalError  # noqa: E402
 from ..io_utils import write_text_atomic  # noqa: E402
-from .plots import _save  # noqa: E402
+from .plots import save_figure  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
 
@@ -106,7 +106,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 105)
     ax.set_title("AR/ATR test accuracy")
-    made.append(_save(fig, out / "accuracy.png"))
+    made.append(save_figure(fig, out / "accuracy.png"))
     with_iv = [r for r in rows if r.get("mechanism")]
     for x, y, name in (("value", "query", "scatter_value_query.png"), ("query", "key", "scatter_query_key.png")):
         if not with_iv:
@@ -124,7 +124,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_xlabel(f"restoration @{x} (last layer's input, key corrupted)")
         ax.set_ylabel(f"restoration @{y}")
         ax.set_title(f"@{x} vs @{y} (marker size: accuracy)")
-        made.append(_save(fig, out / name))
+        made.append(save_figure(fig, out / name))
     if with_iv:
         present = {k for r in with_iv for k in r.get("layer_scores", {})}
         n_layers = 1 + max(int(k.split(".")[1]) for k in present)
@@ -137,7 +137,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_yticks(range(len(with_iv)), [f"{r['label']} d={r['hidden_size']}" for r in with_iv], fontsize=8)
         fig.colorbar(image, ax=ax, label="restoration (key corrupted)")
         ax.set_title("restoration at each layer's input")
-        made.append(_save(fig, out / "layers.png"))
+        made.append(save_figure(fig, out / "layers.png"))
     kernels = [r for r in rows if r["architecture"] in ("mamba", "based") and r["conv_kernel"] is not None]
     if len({(r["architecture"], r["conv_kernel"]) for r in kernels}) > 2:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -147,7 +147,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_xlabel("short convolution width")
         ax.set_ylabel("test accuracy (%)")
         ax.legend()
-        made.append(_save(fig, out / "conv_kernel.png"))
+        made.append(save_figure(fig, out / "conv_kernel.png"))
     return made
 
 

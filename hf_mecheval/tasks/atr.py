@@ -185,7 +185,6 @@ class ATRTask(Task):
     def _layout(self, s: Sentences, docs, key_in_sentence, value_in_sentence, answer_terminal) -> TaskData:
         """BOS t1..tm EOS child answer EOS for the sentences ``docs``."""
         m = np.diff(s.offsets)[docs]
-        n = len(docs)
         new_len = m + 5
         offsets = np.concatenate([[0], np.cumsum(new_len)]).astype(np.int64)
         tokens = np.empty(int(offsets[-1]), dtype=np.int32)

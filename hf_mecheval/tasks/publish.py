@@ -106,7 +106,7 @@ def dataset_card(entries: list[dict], seed: int) -> str:
         p, task = e["preset"], e["task"]
         lines += [f"## `{p.name}`", "", p.description, "",
                   f"- vocabulary size: {task.vocab_size}",
-                  f"- sizes: " + ", ".join(f"{s} {n}" for s, n in e["sizes"].items()),
+                  "- sizes: " + ", ".join(f"{s} {n}" for s, n in e["sizes"].items()),
                   f"- configuration: `{json.dumps(task.config.to_dict())}`", ""]
         stats = {s: v for s, v in e["stats"].items() if v}
         if stats:

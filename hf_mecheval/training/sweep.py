@@ -93,7 +93,7 @@ class Sweep:
             raise ConfigError("grids", "must be a list of mappings from argument names to lists of values")
         for key in list(defaults) + [k for g in grids for k in g]:
             if key not in RUN_FIELDS:
-                raise ConfigError(key, f"not a training argument; see `mecheval train --help`")
+                raise ConfigError(key, "not a training argument; see `mecheval train --help`")
         expanded, grid_fields = [], []
         for grid in grids:
             grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
@@ -155,7 +155,6 @@ def execute(run: Run, run_dir: str, threads: int) -> dict:
 
 def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int = 1, progress: bool = True) -> dict:
     """Run every unfinished run; returns {"finished", "skipped", "failed"} run names."""
-    from tqdm.auto import tqdm
 
     root = Path(out) / sweep.name
     runs_dir = root / "runs"

@@ -1,5 +1,4 @@
 """The engine on hand-built models with known mechanisms, golden properties, and errors."""
-import numpy as np
 import pytest
 import torch
 

@@ -1,7 +1,6 @@
 """`mecheval quickstart --tiny` end to end, and `mecheval report`."""
 import csv
 import json
-import re
 
 from hf_mecheval.cli import main as mecheval
 

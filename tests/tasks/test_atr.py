@@ -1,5 +1,4 @@
 """ATR generation checked against independent re-derivations from each document's kept tree."""
-from collections import Counter
 
 import numpy as np
 import pytest

@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 import hf_mecheval  # noqa: F401
-from hf_mecheval.errors import MechEvalError
 from hf_mecheval.training.run import main, parse, train
 
 REPO = Path(__file__).resolve().parents[2]
