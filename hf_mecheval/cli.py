@@ -158,6 +158,13 @@ def _quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _push(args: argparse.Namespace) -> int:
+    from .reports.model_card import push_run
+
+    print(f"pushed {args.run_dir} to {push_run(args.run_dir, args.repo, private=args.private)}")
+    return 0
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from .reports.reproduce import reproduce
 
@@ -276,6 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("--out", default="runs/quickstart", help="output folder (default runs/quickstart)")
     qs.add_argument("--tiny", action="store_true", help="a seconds-long smoke version (for tests)")
     qs.set_defaults(func=_quickstart)
+
+    push = commands.add_parser("push", help="upload a run (model, config, model card, metrics) to the Hub",
+                               description="Write the run's model card and upload the model, its config, the card, "
+                                           "run.json, metrics.json and the intervention results as a model repository.")
+    push.add_argument("run_dir", help="a finished run directory")
+    push.add_argument("repo", help="model repository, e.g. your-name/mamba-ar32-d64")
+    push.add_argument("--private", action="store_true", help="create the repository as private")
+    push.set_defaults(func=_push)
 
     from .reports.reproduce import PRESETS as REPRODUCE_PRESETS
     rp = commands.add_parser("reproduce", help="a full reference sweep, then interventions on every run and the report",

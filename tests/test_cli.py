@@ -69,7 +69,8 @@ def test_publish_and_console_script(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["data", "generate"], ["data", "stats"], ["data", "publish"], ["train"],
-                                     ["sweep"], ["evaluate"], ["report"], ["quickstart"], ["reproduce"]])
+                                     ["sweep"], ["evaluate"], ["report"], ["quickstart"], ["reproduce"],
+                                     ["push"]])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as info:
         main(command + ["--help"])

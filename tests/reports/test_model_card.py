@@ -58,8 +58,9 @@ def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
                     shutil.copy(path, hub / repo_id / rel)
 
     monkeypatch.setattr("huggingface_hub.HfApi", LocalHub)
-    url = model_card.push_run(run_dir, "mecheval/h3-atr-easy")
-    assert url.endswith("mecheval/h3-atr-easy")
+    from hf_mecheval.cli import main as mecheval
+
+    assert mecheval(["push", str(run_dir), "mecheval/h3-atr-easy"]) == 0
     pushed = hub / "mecheval" / "h3-atr-easy"
     assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in pushed.iterdir()}
     assert "mecheval/h3-atr-easy" in (pushed / "README.md").read_text()
