@@ -12,7 +12,7 @@ It also times one full forward of the 320 documents and prints the "minimal" cos
 (2 + cells) full forwards per corruption. Targets: >= 10x faster than the pyvene way; wall time
 <= 1.5x the minimal forward count.
 
-    python benchmarks/bench_interventions.py [--arch mamba transformer] [--n 320] [--skip-peers]
+    python benchmarks/bench_interventions.py [--arch mamba transformer] [--n 320] [--skip-peers | --peers pyvene]
 """
 from __future__ import annotations
 
@@ -132,6 +132,7 @@ def main():
     parser.add_argument("--n", type=int, default=320)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--peers", nargs="+", default=["pyvene", "nnsight"], choices=["pyvene", "nnsight"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for arch in args.arch:
@@ -151,14 +152,14 @@ def main():
               f"count (target <= 1.5x) {'ok' if ours <= 1.5 * minimal else 'MISSED'}")
         if args.skip_peers:
             continue
-        if importlib.util.find_spec("pyvene"):
+        if "pyvene" in args.peers and importlib.util.find_spec("pyvene"):
             measured, n_sites = pyvene_way(task, model, data)
             ref = measured * len(model.site_names()) / n_sites
             note = "" if n_sites == len(model.site_names()) else \
                 f" (measured {measured:.2f} s on the {n_sites} residual-width sites, scaled to all {len(model.site_names())})"
             print(f"  pyvene, the reference way: {ref:.2f} s{note} -> ours is {ref / ours:.1f}x faster "
                   f"(target >= 10x) {'ok' if ref >= 10 * ours else 'MISSED'}")
-        if importlib.util.find_spec("nnsight"):
+        if "nnsight" in args.peers and importlib.util.find_spec("nnsight"):
             nn = nnsight_way(task, model, data)
             print(f"  nnsight, one trace per cell: {nn:.2f} s -> ours is {nn / ours:.1f}x faster")
 

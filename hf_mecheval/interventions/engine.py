@@ -86,16 +86,19 @@ class InterventionEngine:
 
         base_input: (R, L, D) residual entering layer(site) in the base (corrupted) run.
         positions:  (R, k) positions to patch in each row (k >= 1; -1 = none).
-        source:     (R, L, ...) the site's activation in the source (clean) run.
+        source:     (S, L, ...) the site's activation in the source (clean) run; row r takes its
+                    values from source row r % S (so R = P * S rows can share one source batch
+                    without copying it P times).
         Returns the final residual (R, L, D).
         """
         rows = torch.arange(base_input.shape[0], device=base_input.device)[:, None].expand_as(positions)
         valid = positions >= 0
         r_idx, p_idx = rows[valid], positions[valid]
+        s_idx = r_idx % source.shape[0]
 
         def patch(module, inputs, output):
             output = output.clone()
-            output[r_idx, p_idx] = source[r_idx, p_idx].to(output.dtype)
+            output[r_idx, p_idx] = source[s_idx, p_idx].to(output.dtype)
             return output
 
         with hooked(self.model.get_site(site), patch):
@@ -129,8 +132,7 @@ class InterventionEngine:
             layer = site_layer(site)
             # one row per (position name, example): all positions of this site in one batch
             base = corrupt[f"layers.{layer}.input"].repeat(len(names), 1, 1)              # (P*B, L, D)
-            source = clean[site].repeat(len(names), *[1] * (clean[site].dim() - 1))
-            final = self.patched_final(site, base, stacked.reshape(-1, 1), source)
+            final = self.patched_final(site, base, stacked.reshape(-1, 1), clean[site])
             p, _, _ = self.answer_probs(final, query_pos.repeat(len(names)), answer.repeat(len(names)))
             out["p_patched"][site] = {n: p[i * B:(i + 1) * B] for i, n in enumerate(names)}
         return out

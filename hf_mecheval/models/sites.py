@@ -71,15 +71,15 @@ def rerun_from_patched_states(original: torch.Tensor, patched: torch.Tensor, tra
     (A patch that sets an entry to exactly its original value is indistinguishable from no
     patch there, and the entry is recomputed.)
     """
-    delta = patched - original
-    changed = delta != 0
+    changed = patched != original
     touched = changed.reshape(changed.shape[0], changed.shape[1], -1).any(-1).any(0)   # (L,)
     if not bool(touched.any()):
         return original
     first = int(touched.nonzero()[0])                  # nothing changes before the first patch
-    e, out = torch.zeros_like(original[:, 0]), []
+    result = original.clone()
+    e = None
     for t in range(first, original.shape[1]):
-        carried = transition(t, e) if t > first else e
-        e = torch.where(changed[:, t], delta[:, t], carried)
-        out.append(e)
-    return torch.cat([original[:, :first], original[:, first:] + torch.stack(out, dim=1)], dim=1)
+        delta_t = patched[:, t] - original[:, t]
+        e = delta_t if e is None else torch.where(changed[:, t], delta_t, transition(t, e))
+        result[:, t] += e
+    return result

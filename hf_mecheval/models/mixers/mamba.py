@@ -66,18 +66,25 @@ def _reverse_scan(G: torch.Tensor, dA: torch.Tensor) -> torch.Tensor:
 
 
 class ScanWorkspace:
-    """Big (B, L, N, E) buffers kept between training steps: allocating ~40 MB tensors afresh
-    every step costs page faults that can double a step's time on a CPU. A buffer set is reused
+    """Big (B, L, N, E) buffers kept between calls: allocating ~40 MB tensors afresh every step
+    costs page faults that can double a step's time on a CPU. Buffers are kept per shape (the
+    intervention engine alternates batch sizes), the most recent few only. A buffer set is reused
     only once the backward pass that needed it has run (``busy``); otherwise fresh memory is used."""
 
+    KEEP = 4   # training: dA, H, G, T of one shape; interventions: dA, H of two batch sizes
+
     def __init__(self):
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.buffers: dict[tuple, torch.Tensor] = {}
         self.busy = False
 
     def get(self, name: str, shape, like: torch.Tensor) -> torch.Tensor:
-        buf = self.buffers.get(name)
-        if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
-            buf = self.buffers[name] = like.new_empty(shape)
+        key = (name, tuple(shape), like.dtype, like.device)
+        buf = self.buffers.pop(key, None)
+        if buf is None:
+            buf = like.new_empty(shape)
+        self.buffers[key] = buf                       # most recently used last
+        while len(self.buffers) > self.KEEP:
+            self.buffers.pop(next(iter(self.buffers)))
         return buf
 
 
