@@ -128,13 +128,12 @@ def _sweep(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ interventions
 def _evaluate(args: argparse.Namespace) -> int:
-    from .reports.evaluate_run import evaluate_run, last_layer_summary
+    from .reports.evaluate_run import evaluate_run, format_score as fmt, last_layer_summary
 
     result = evaluate_run(args.run_dir, out=args.out, n=args.n, split=args.split, seed=args.seed,
                           sites=args.sites, batch_size=args.batch_size, n_resamples=args.resamples,
                           overwrite=args.overwrite)
     row = last_layer_summary(result)
-    fmt = lambda v: "n/a" if v is None else f"{v:.2f}"
     print(f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {fmt(row['@key'])} "
           f"@value {fmt(row['@value'])} @query {fmt(row['@query'])} -> {row['mechanism']} ({row['confidence']})")
     print(f"reason: {result['mechanism']['reason']}")

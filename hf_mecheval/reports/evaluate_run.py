@@ -76,8 +76,14 @@ def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 32
     return result
 
 
+def format_score(value) -> str:
+    """A restoration score for tables and text: two decimals, or n/a."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def last_layer_summary(result: dict) -> dict:
-    """@key/@value/@query at the input of the last layer, key corrupted, and the mechanism."""
+    """@key/@value/@query (and their intervals) at the input of the last layer, key corrupted,
+    and the mechanism."""
     from ..interventions.grid import cell
 
     last = max(c["layer"] for c in result["corruptions"]["key"]["cells"])
@@ -86,6 +92,7 @@ def last_layer_summary(result: dict) -> dict:
     for p in ("key", "value", "query"):
         c = cell(result, "key", site, p)
         row[f"@{p}"] = c["restoration"] if c else None
+        row[f"@{p}_ci"] = c["restoration_ci"] if c else None
     row["mechanism"] = result["mechanism"]["label"]
     row["confidence"] = result["mechanism"]["confidence"]
     return row

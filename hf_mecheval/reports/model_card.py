@@ -14,10 +14,6 @@ from ..errors import MechEvalError
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 
 
-def _fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
     """Write (or refresh) ``RUN_DIR/README.md``; returns its path."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -40,7 +36,7 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
     extra = {}
     interventions = run_dir / "interventions" / "interventions.json"
     if interventions.exists():
-        from .evaluate_run import last_layer_summary
+        from .evaluate_run import format_score, last_layer_summary
 
         result = json.loads(interventions.read_text())
         row = last_layer_summary(result)
@@ -51,7 +47,7 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
                                                                             f"key corrupted)", **common))
         extra["mechanism"] = row["mechanism"]
         mechanism = (f"Key corrupted, residual stream patched at the input of the last layer: restoration "
-                     f"@key {_fmt(row['@key'])}, @value {_fmt(row['@value'])}, @query {_fmt(row['@query'])}. Label: "
+                     f"@key {format_score(row['@key'])}, @value {format_score(row['@value'])}, @query {format_score(row['@query'])}. Label: "
                      f"**{row['mechanism']}** ({row['confidence']} confidence) — {result['mechanism']['reason']}.")
     name = repo_id or run_dir.name
     data = ModelCardData(library_name="transformers", license="apache-2.0", model_name=name,

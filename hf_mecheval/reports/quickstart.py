@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..io_utils import write_text_atomic
-from .evaluate_run import evaluate_run
+from ..training.run import as_flags
+from .evaluate_run import evaluate_run, format_score
 from .report import collect_runs, markdown_table, write_report
 
 SETTING = {"task": "ar_32", "task_config": {"num_kv": 64, "num_pairs": 4}, "train_size": 24000, "eval_size": 256,
@@ -48,24 +49,19 @@ LEARNING_RATES = {"transformer": 3e-4, "based": 1e-3, "mamba_conv4": 1e-3, "mamb
 
 def _train_args(name: str, arch: str, extra: dict, setting: dict, run_dir: Path) -> list[str]:
     config = dict(extra)
-    positions = config.pop("max_position_embeddings", None)
-    args = ["--task", setting["task"], "--task_config", json.dumps(setting["task_config"]),
-            "--architecture", arch, "--hidden_size", str(setting["hidden_size"]),
-            "--num_hidden_layers", str(setting["num_hidden_layers"]), "--model_config", json.dumps(config),
-            "--train_size", str(setting["train_size"]), "--eval_size", str(setting["eval_size"]),
-            "--learning_rate", str(LEARNING_RATES[name]), "--eval_strategy", "no", "--save_strategy", "no",
-            "--logging_steps", "1000", "--disable_tqdm", "true", "--output_dir", str(run_dir), "--overwrite"]
-    if positions is not None:
-        args += ["--max_position_embeddings", str(positions)]
+    args = {"task": setting["task"], "task_config": setting["task_config"], "architecture": arch,
+            "hidden_size": setting["hidden_size"], "num_hidden_layers": setting["num_hidden_layers"],
+            "train_size": setting["train_size"], "eval_size": setting["eval_size"],
+            "learning_rate": LEARNING_RATES[name], "eval_strategy": "no", "save_strategy": "no",
+            "logging_steps": 1000, "disable_tqdm": True, "output_dir": str(run_dir), "overwrite": True}
+    if "max_position_embeddings" in config:
+        args["max_position_embeddings"] = config.pop("max_position_embeddings")
+    args["model_config"] = config
     if "max_steps" in setting:
-        args += ["--max_steps", str(setting["max_steps"])]
+        args["max_steps"] = setting["max_steps"]
     else:
-        args += ["--num_train_epochs", str(EPOCHS[name])]
-    return args
-
-
-def _f(value) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+        args["num_train_epochs"] = EPOCHS[name]
+    return as_flags(args)
 
 
 def headline(rows: dict[str, dict]) -> list[dict]:
@@ -80,15 +76,15 @@ def headline(rows: dict[str, dict]) -> list[dict]:
     for n in ("transformer", "based"):
         checks.append({"claim": f"{n} solves AR by induction (@value high, @query low)",
                        "holds": acc(n) >= 0.9 and mech(n) == "induction",
-                       "figures": f"accuracy {acc(n):.2f}, @value {_f(rows[n].get('@value'))}, @query "
-                                  f"{_f(rows[n].get('@query'))}, label {mech(n)}"})
+                       "figures": f"accuracy {acc(n):.2f}, @value {format_score(rows[n].get('@value'))}, @query "
+                                  f"{format_score(rows[n].get('@query'))}, label {mech(n)}"})
     checks.append({"claim": "Mamba with its short convolution (width 4) solves AR; without it (width 0) it does not",
                    "holds": acc("mamba_conv4") >= 0.8 and acc("mamba_conv0") <= acc("mamba_conv4") - 0.3,
                    "figures": f"accuracy conv 4 {acc('mamba_conv4'):.2f}, conv 0 {acc('mamba_conv0'):.2f}"})
     checks.append({"claim": "Mamba (conv 4) does not use induction (@value low)",
                    "holds": rows["mamba_conv4"].get("@value") is not None and rows["mamba_conv4"]["@value"] <= 0.3,
-                   "figures": f"@key {_f(rows['mamba_conv4'].get('@key'))}, @value "
-                              f"{_f(rows['mamba_conv4'].get('@value'))}, @query {_f(rows['mamba_conv4'].get('@query'))}, "
+                   "figures": f"@key {format_score(rows['mamba_conv4'].get('@key'))}, @value "
+                              f"{format_score(rows['mamba_conv4'].get('@value'))}, @query {format_score(rows['mamba_conv4'].get('@query'))}, "
                               f"label {mech('mamba_conv4')}"})
     for n in ("hyena", "h3", "baseconv"):
         solved = acc(n) >= 0.9

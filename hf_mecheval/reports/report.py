@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import MechEvalError  # noqa: E402
 from ..io_utils import write_text_atomic  # noqa: E402
+from .evaluate_run import format_score, last_layer_summary  # noqa: E402
 from .plots import save_figure  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
@@ -59,23 +60,15 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
         path = run_dir / "interventions" / "interventions.json"
         if path.exists():
             result = json.loads(path.read_text())
-            n_layers = max(c["layer"] for c in result["corruptions"]["key"]["cells"]) + 1
-            site = f"layers.{n_layers - 1}.input"
+            summary = last_layer_summary(result)
+            del summary["accuracy"]                    # the clean accuracy of the grid's documents
+            row.update(summary)
             by = {(c["site"], c["position"]): c for c in result["corruptions"]["key"]["cells"]}
-            for p in POSITIONS:
-                c = by.get((site, p))
-                row[f"@{p}"] = c["restoration"] if c else None
-                row[f"@{p}_ci"] = c["restoration_ci"] if c else None
-            row["mechanism"] = result["mechanism"]["label"]
-            row["confidence"] = result["mechanism"]["confidence"]
+            n_layers = max(c["layer"] for c in result["corruptions"]["key"]["cells"]) + 1
             row["layer_scores"] = {f"layers.{l}.input@{p}": by[(f"layers.{l}.input", p)]["restoration"]
                                    for l in range(n_layers) for p in POSITIONS if (f"layers.{l}.input", p) in by}
         rows.append(row)
     return rows
-
-
-def _fmt(v) -> str:
-    return "n/a" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -84,7 +77,7 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         mech = f"{r.get('mechanism', 'n/a')} ({r['confidence']})" if r.get("mechanism") else "n/a"
         lines.append(f"| {r['label']} (d={r['hidden_size']}) | {100 * r['test_accuracy']:.1f} % | "
-                     f"{_fmt(r.get('@key'))} | {_fmt(r.get('@value'))} | {_fmt(r.get('@query'))} | {mech} |")
+                     f"{format_score(r.get('@key'))} | {format_score(r.get('@value'))} | {format_score(r.get('@query'))} | {mech} |")
     return "\n".join(lines) + "\n"
 
 

@@ -63,13 +63,14 @@ class TaskData:
         for i in range(len(self)):
             yield self.document(i)
 
-    def padded(self, pad_id: int = PAD) -> np.ndarray:
-        """(n, max_length) int64 token matrix, right-padded with ``pad_id``."""
+    def padded(self, pad_id: int = PAD, values: np.ndarray | None = None) -> np.ndarray:
+        """(n, max_length) int64 matrix of the tokens (or of ``values``, a flat per-token array
+        such as :meth:`labels`), right-padded with ``pad_id``."""
         lengths = self.lengths
         out = np.full((len(self), int(lengths.max(initial=0))), pad_id, dtype=np.int64)
         row = np.repeat(np.arange(len(self)), lengths)
         col = np.arange(len(self.tokens)) - np.repeat(self.offsets[:-1], lengths)
-        out[row, col] = self.tokens
+        out[row, col] = self.tokens if values is None else values
         return out
 
     def head(self, n: int) -> "TaskData":

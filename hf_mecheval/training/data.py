@@ -18,11 +18,7 @@ class PaddedTaskDataset(torch.utils.data.Dataset):
     def __init__(self, data: TaskData):
         self.input_ids = torch.from_numpy(data.padded(PAD))
         self.lengths = torch.from_numpy(data.lengths.astype(np.int64))
-        labels = torch.full_like(self.input_ids, IGNORE_INDEX)
-        rows = torch.arange(len(data))
-        answer_pos = torch.from_numpy(data.columns["answer_pos"].astype(np.int64))
-        labels[rows, answer_pos] = torch.from_numpy(data.columns["answer"].astype(np.int64))
-        self.labels = labels
+        self.labels = torch.from_numpy(data.padded(IGNORE_INDEX, data.labels()))
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -174,14 +174,15 @@ def parse(argv: Sequence[str]):
             raise MechEvalError(f"cannot read the run config {path}: {exc}") from None
         if not isinstance(values, dict):
             raise MechEvalError(f"the run config {path} must be a mapping of argument names to values")
-        argv = _as_flags(values) + argv
+        argv = as_flags(values) + argv
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def _as_flags(values: dict) -> list[str]:
+def as_flags(values: dict) -> list[str]:
+    """Command-line flags for a mapping of training arguments (dicts and lists as JSON)."""
     flags = []
     for key, value in values.items():
-        if isinstance(value, (dict, list)) and key in ("model_config", "task_config"):
+        if isinstance(value, (dict, list)):
             value = json.dumps(value)
         flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     return flags

@@ -39,7 +39,7 @@ import yaml
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import write_text_atomic
 from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments
-from .run import METRICS_FILE, is_finished
+from .run import METRICS_FILE, as_flags, is_finished
 
 RUN_FIELDS = {f.name for cls in (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
               for f in dataclasses.fields(cls)} - {"output_dir", "resume", "overwrite"}
@@ -53,12 +53,7 @@ class Run:
     args: dict[str, Any]          # training arguments of this run (no output_dir)
 
     def flags(self) -> list[str]:
-        out = []
-        for key, value in self.args.items():
-            if isinstance(value, (dict, list)):
-                value = json.dumps(value)
-            out += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
-        return out
+        return as_flags(self.args)
 
 
 @dataclasses.dataclass
