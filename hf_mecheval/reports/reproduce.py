@@ -6,6 +6,12 @@ on every finished run, and the report.
     ablation-mamba  training/sweeps/ar_mamba_conv.yaml  (claims 3, 4)
     ablation-based  training/sweeps/ar_based_kernel.yaml (claim 3)
     atr-no-conv     training/sweeps/atr_no_conv.yaml    (claim 6)
+
+CPU scale (REPRODUCTION.md: what this repository's committed results come from):
+
+    cpu-ar          training/sweeps/cpu/ar.yaml         (claims 1, 2, 4, 7; 3 seeds)
+    cpu-ablations   training/sweeps/cpu/ablations.yaml  (claim 3)
+    cpu-atr         training/sweeps/cpu/atr.yaml        (claims 5, 6, 7, 8)
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from .report import write_report
 
 SWEEPS_DIR = Path(__file__).resolve().parents[2] / "training" / "sweeps"
 PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba": "ar_mamba_conv.yaml",
-           "ablation-based": "ar_based_kernel.yaml", "atr-no-conv": "atr_no_conv.yaml"}
+           "ablation-based": "ar_based_kernel.yaml", "atr-no-conv": "atr_no_conv.yaml",
+           "cpu-ar": "cpu/ar.yaml", "cpu-ablations": "cpu/ablations.yaml", "cpu-atr": "cpu/atr.yaml"}
 
 
 def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "local", workers: int = 1,
