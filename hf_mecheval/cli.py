@@ -116,7 +116,7 @@ def _sweep(args: argparse.Namespace) -> int:
             print(run.name, " ".join(run.flags()))
         print(f"{len(sweep.runs)} runs")
         return 0
-    outcome = launch(sweep, args.out, launcher=args.launcher, workers=args.workers)
+    outcome = launch(sweep, args.out, launcher=args.launcher, workers=args.workers, stack=args.stack)
     root = write_results(sweep, args.out)
     print(format_table(results_table(collect(sweep, args.out), sweep.grid_fields)), end="")
     print(f"{len(outcome['finished'])} runs finished, {len(outcome['skipped'])} already done, "
@@ -168,7 +168,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from .reports.reproduce import reproduce
 
     result = reproduce(args.preset, args.out, launcher=args.launcher, workers=args.workers, n=args.n,
-                       dry_run=args.dry_run)
+                       dry_run=args.dry_run, stack=args.stack)
     if args.dry_run:
         print(f"{len(result['runs'])} runs")
         return 0
@@ -176,11 +176,22 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 1 if result["outcome"]["failed"] else 0
 
 
+def _stack_size(text: str) -> str | int:
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a number >= 1, got {text!r}")
+    return int(text)
+
+
 def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> None:
     """Flags shared by the commands that run a sweep."""
     parser.add_argument("--launcher", choices=("local", "ray"), default="local",
                         help="local: processes on this machine; ray: a Ray cluster (RAY_ADDRESS) or a local one")
     parser.add_argument("--workers", type=_non_negative_int, default=1, help="runs at once (local launcher)")
+    parser.add_argument("--stack", type=_stack_size, default="auto",
+                        help="train up to N runs that differ only in learning rate and seed together as one "
+                             "stacked run; auto (default): as many as fit on a GPU, none on a CPU")
     parser.add_argument("--out", default=default_out, help=f"parent folder of the sweep directory (default {default_out})")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
 

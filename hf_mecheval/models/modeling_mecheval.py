@@ -191,6 +191,13 @@ class MechEvalModel(MechEvalPreTrainedModel):
             if isinstance(m, Site):
                 m.materialize = flag
 
+    def use_functional_path(self, flag: bool = True) -> None:
+        """Make mixers avoid custom autograd functions and reused buffers (Mamba's fused scan), so
+        that ``torch.func`` transforms such as ``vmap`` can run the model (stacked training)."""
+        for m in self.modules():
+            if hasattr(m, "functional_path"):
+                m.functional_path = flag
+
     def step(self, token: torch.Tensor, position: int, state: list | None):
         """Recurrent form: one token (B,) at ``position``; returns (final hidden (B, D), state)."""
         x = self.embed_tokens(token)

@@ -30,13 +30,13 @@ PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba"
 
 
 def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "local", workers: int = 1,
-              n: int = 320, dry_run: bool = False) -> dict:
+              n: int = 320, dry_run: bool = False, stack: int | str = "auto") -> dict:
     if preset not in PRESETS:
         raise ConfigError("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")
     sweep = Sweep.load(SWEEPS_DIR / PRESETS[preset])
     if dry_run:
         return {"runs": [r.name for r in sweep.runs]}
-    outcome = launch(sweep, out, launcher=launcher, workers=workers)
+    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack)
     write_results(sweep, out)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]
     finished = [r for r in runs if is_finished(r)]

@@ -1,8 +1,15 @@
-"""Task data for the Trainer: padded tensors served a whole batch at a time.
+"""Task data for the Trainer: padded tensors served a whole batch at a time, in an order that
+depends only on the run's data seed and the epoch.
 
 ``PaddedTaskDataset`` implements ``__getitems__`` so the DataLoader fetches a batch with one
 tensor index instead of building 32 Python dicts and collating them: at these model sizes the
 per-example path costs as much as a training step.
+
+Training order: epoch e visits the documents in ``epoch_order(n, seed, e)`` (``seed`` = the run's
+``data_seed``, else its ``seed``). This is the order transformers + accelerate produce by default
+(their seedable sampler: ``torch.randperm`` from a generator seeded with seed + epoch), made
+explicit here so that it does not depend on the global RNG and so that a stacked run can give each
+of its copies exactly the batches that copy would have seen alone (``StackedBatchSampler``).
 """
 from __future__ import annotations
 
@@ -29,6 +36,65 @@ class PaddedTaskDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices) -> dict:
         idx = torch.as_tensor(indices)
         width = int(self.lengths[idx].max())       # trim padding common to the whole batch
+        return {"input_ids": self.input_ids[idx, :width], "labels": self.labels[idx, :width]}
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of range(n) that epoch ``epoch`` of a run with data seed ``seed`` visits."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+
+
+class EpochShuffleSampler(torch.utils.data.Sampler):
+    """A fresh ``epoch_order`` every epoch; the Trainer calls ``set_epoch`` before each one."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        yield from epoch_order(self.n, self.seed, self.epoch).tolist()
+
+
+class StackedBatchSampler(torch.utils.data.Sampler):
+    """Batches for K copies trained together: step i of an epoch yields the K batches (each of
+    ``batch_size`` indices, the last one possibly shorter) that each copy's ``epoch_order`` gives
+    it, flattened into one list of K * b indices; the dataset's ``__getitems__`` reshapes it."""
+
+    def __init__(self, n: int, seeds: list[int], batch_size: int, drop_last: bool = False):
+        self.n, self.seeds, self.batch_size, self.drop_last = n, list(seeds), batch_size, drop_last
+        self.epoch = 0
+        self.sampler = self         # where accelerate's DataLoaderShard looks for set_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+
+    def __iter__(self):
+        orders = torch.stack([epoch_order(self.n, s, self.epoch) for s in self.seeds])   # (K, n)
+        for i in range(len(self)):
+            yield orders[:, i * self.batch_size:(i + 1) * self.batch_size].flatten().tolist()
+
+
+class StackedTaskDataset(PaddedTaskDataset):
+    """``__getitems__`` of K * b indices (from ``StackedBatchSampler``) -> input_ids, labels (K, b, width),
+    or (b, width) when every copy got the same batch (copies sharing a data seed)."""
+
+    def __init__(self, data: TaskData, num_copies: int):
+        super().__init__(data)
+        self.num_copies = num_copies
+
+    def __getitems__(self, indices) -> dict:
+        idx = torch.as_tensor(indices).view(self.num_copies, -1)                   # (K, b)
+        if bool((idx == idx[0]).all()):
+            return super().__getitems__(idx[0])
+        width = int(self.lengths[idx].max())
         return {"input_ids": self.input_ids[idx, :width], "labels": self.labels[idx, :width]}
 
 

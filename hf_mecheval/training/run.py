@@ -33,7 +33,7 @@ from ..models import build_model
 from ..tasks.presets import build_task, get_preset
 from .arguments import (QUICK_RECIPE, DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments,
                         validate)
-from .data import PaddedTaskDataset, batch_collator
+from .data import EpochShuffleSampler, PaddedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
 
 METRICS_FILE = "metrics.json"
@@ -81,15 +81,20 @@ def _check_checkpoint(path: Path) -> None:
                             f"{(str(exc).splitlines() or [''])[0]}") from None
 
 
-def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArguments,
-          training_args: MechEvalTrainingArguments, callbacks: Sequence = (), command: str | None = None) -> dict:
-    """Train one model; returns the final metrics (also written to ``metrics.json``)."""
-    validate(model_args, data_args, run_args, training_args)
-    run_dir = Path(training_args.output_dir)
-    main_process = training_args.process_index == 0
-    with training_args.main_process_first(desc="run directory"):
-        checkpoint = _prepare_run_dir(run_dir, run_args, main_process)
+class MechEvalTrainer(Trainer):
+    """transformers' Trainer with the training order of ``data.epoch_order`` (no global RNG)."""
 
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return EpochShuffleSampler(len(dataset), data_seed(self.args))
+
+
+def data_seed(training_args) -> int:
+    return training_args.data_seed if training_args.data_seed is not None else training_args.seed
+
+
+def load_task_splits(data_args: DataArguments, run_args: RunArguments, training_args, main_process: bool):
+    """The task and its train / validation / test datasets (and the recipe's sizes and epochs)."""
     preset = get_preset(data_args.task)
     quick = run_args.recipe == "quick"
     train_size = data_args.train_size or (QUICK_RECIPE["train_size"] if quick else preset.train_size)
@@ -100,46 +105,32 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
         print(f"recipe quick: {train_size} training documents, {eval_size} validation/test documents, "
               f"{training_args.num_train_epochs:g} epochs (the reference: {preset.train_size}, {preset.eval_size}, "
               f"{16 if preset.task == 'ar' else 32})", file=sys.stderr)
-
     task = build_task(data_args.task, **data_args.task_overrides())
-    splits = {split: PaddedTaskDataset(task.generate(n, split, data_args.dataset_seed))
-              for split, n in (("train", train_size), ("validation", eval_size), ("test", eval_size))}
-    fields = model_args.config_fields()
-    longest = max(int(d.lengths.max()) for d in splits.values())
-    set_seed(training_args.seed)  # model initialisation (transformers' convention)
-    model = build_model(model_args.architecture, vocab_size=task.vocab_size, **fields)
+    data = {split: task.generate(n, split, data_args.dataset_seed)
+            for split, n in (("train", train_size), ("validation", eval_size), ("test", eval_size))}
+    return task, data, train_size, eval_size
+
+
+def build_run_model(model_args: ModelArguments, task, seed: int, longest: int):
+    set_seed(seed)  # model initialisation (transformers' convention)
+    model = build_model(model_args.architecture, vocab_size=task.vocab_size, **model_args.config_fields())
     if 0 < model.config.max_position_embeddings < longest:
         raise MechEvalError(f"documents are up to {longest} tokens but the model has "
                             f"{model.config.max_position_embeddings} position embeddings")
+    return model
 
-    if main_process and checkpoint is None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir / "command.txt", (command or " ".join(map(shlex.quote, sys.argv))) + "\n")
-        record = {"model": {"architecture": model_args.architecture, **model.config.to_diff_dict()},
-                  "task": {"preset": data_args.task, "config": task.config.to_dict(), "train_size": train_size,
-                           "eval_size": eval_size, "dataset_seed": data_args.dataset_seed},
-                  "recipe": run_args.recipe,
-                  "training": json.loads(training_args.to_json_string())}
-        write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
 
-    callbacks = list(callbacks)
-    if run_args.restoration_every_n_steps > 0:
-        from .callbacks import RestorationCallback
+def run_record(model, model_args, data_args, run_args, training_args, task, train_size, eval_size) -> dict:
+    """What run.json holds: every resolved argument, the task and the model configuration."""
+    return {"model": {"architecture": model_args.architecture, **model.config.to_diff_dict()},
+            "task": {"preset": data_args.task, "config": task.config.to_dict(), "train_size": train_size,
+                     "eval_size": eval_size, "dataset_seed": data_args.dataset_seed},
+            "recipe": run_args.recipe,
+            "training": json.loads(training_args.to_json_string())}
 
-        probe = task.generate(run_args.restoration_examples, "validation", data_args.dataset_seed)
-        callbacks.append(RestorationCallback(task, probe, run_args.restoration_every_n_steps))
-    trainer = Trainer(
-        model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
-        data_collator=batch_collator, compute_metrics=compute_answer_metrics,
-        preprocess_logits_for_metrics=answer_logits_summary, callbacks=callbacks,
-    )
-    try:
-        trainer.train(resume_from_checkpoint=checkpoint)
-    except (OSError, RuntimeError, ValueError, json.JSONDecodeError) as exc:
-        if checkpoint is None:
-            raise
-        raise MechEvalError(f"cannot resume from {checkpoint}: {type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None = None) -> dict:
+    """Final validation and test metrics, then the model, trainer state, metrics.json (last) and card."""
     validation = trainer.evaluate(splits["validation"], metric_key_prefix="eval")   # always at the final step
     test = trainer.evaluate(splits["test"], metric_key_prefix="test")
     final = {
@@ -147,7 +138,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
         "validation_loss": validation["eval_loss"], "test_accuracy": test["test_accuracy"],
         "test_answer_prob": test["test_answer_prob"], "test_loss": test["test_loss"],
         "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
-        "world_size": training_args.world_size,
+        "world_size": trainer.args.world_size, **(extra or {}),
     }
     if trainer.is_world_process_zero():
         trainer.save_model(str(run_dir))
@@ -159,6 +150,51 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
 
         write_model_card(run_dir)
     return final
+
+
+def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArguments,
+          training_args: MechEvalTrainingArguments, callbacks: Sequence = (), command: str | None = None) -> dict:
+    """Train one model; returns the final metrics (also written to ``metrics.json``)."""
+    validate(model_args, data_args, run_args, training_args)
+    run_dir = Path(training_args.output_dir)
+    main_process = training_args.process_index == 0
+    with training_args.main_process_first(desc="run directory"):
+        checkpoint = _prepare_run_dir(run_dir, run_args, main_process)
+
+    task, data, train_size, eval_size = load_task_splits(data_args, run_args, training_args, main_process)
+    splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
+    model = build_run_model(model_args, task, training_args.seed, max(int(d.lengths.max()) for d in data.values()))
+
+    if main_process and checkpoint is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "command.txt", (command or " ".join(map(shlex.quote, sys.argv))) + "\n")
+        record = run_record(model, model_args, data_args, run_args, training_args, task, train_size, eval_size)
+        write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
+
+    callbacks = list(callbacks)
+    if run_args.restoration_every_n_steps > 0:
+        from .callbacks import RestorationCallback
+
+        probe = task.generate(run_args.restoration_examples, "validation", data_args.dataset_seed)
+        callbacks.append(RestorationCallback(task, probe, run_args.restoration_every_n_steps))
+    trainer = MechEvalTrainer(
+        model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
+        data_collator=batch_collator, compute_metrics=compute_answer_metrics,
+        preprocess_logits_for_metrics=answer_logits_summary, callbacks=callbacks,
+    )
+    run_trainer(trainer, checkpoint)
+    return finish_run(trainer, splits, run_dir)
+
+
+def run_trainer(trainer: Trainer, checkpoint: str | None) -> None:
+    """trainer.train(), with damaged checkpoints reported as such."""
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    except (OSError, RuntimeError, ValueError, json.JSONDecodeError) as exc:
+        if checkpoint is None:
+            raise
+        raise MechEvalError(f"cannot resume from {checkpoint}: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
 
 
 def parse(argv: Sequence[str]):
@@ -190,6 +226,8 @@ def as_flags(values: dict) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--stack"]:
+        return _stack_main(argv)
     try:
         try:
             model_args, data_args, run_args, training_args = parse(argv)
@@ -204,9 +242,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"mecheval train: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
+    _end_process_group()
     if training_args.process_index == 0:
         print(json.dumps(final, indent=2))
     return 0
+
+
+def _stack_main(argv: list[str]) -> int:
+    """--stack STACK.json [--resume | --overwrite]: a stacked run (see training/stacked.py)."""
+    from .stacked import load_stack_file, train_stacked
+
+    rest = argv[2:]
+    try:
+        if len(argv) < 2 or any(a not in ("--resume", "--overwrite") for a in rest):
+            raise MechEvalError("usage: --stack STACK.json [--resume | --overwrite]")
+        if {"--resume", "--overwrite"} <= set(rest):
+            raise MechEvalError("--resume and --overwrite exclude each other")
+        stack_dir, members = load_stack_file(argv[1], parse)
+        finals = train_stacked(members, stack_dir, resume="--resume" in rest, overwrite="--overwrite" in rest,
+                               command=" ".join(map(shlex.quote, [sys.argv[0], *argv])))
+    except MechEvalError as exc:
+        print(f"mecheval train: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"mecheval train: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    _end_process_group()
+    print(json.dumps({m.name: f for m, f in zip(members, finals)}, indent=2))
+    return 0
+
+
+def _end_process_group() -> None:
+    """Several processes (accelerate launch): wait for the main one to finish writing, then take
+    the process group down. Left to interpreter exit, gloo's threads sometimes abort (SIGABRT)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,12 @@ Sweep file (unknown keys are errors)::
         learning_rate: [1e-4, 1e-3]
     seeds: [0, 1, 2]
 
+Stacking (``--stack N`` or ``auto``): runs that differ only in learning rate and seed are
+trained together, up to N at a time, as one stacked run (``training/stacked.py``); each still
+gets its own run directory. ``auto`` stacks on a GPU as many as fit in half its free memory (at
+most 32) and does not stack on a CPU, where a step of these models is already compute-bound
+(``benchmarks/bench_stacked.py``: 5 stacked runs cost about as much as 5 runs one after another).
+
 Finished runs (``metrics.json`` present) are skipped; a run left with a checkpoint by a killed
 worker is resumed; a failed run is reported and the others go on. The results table picks, for
 every configuration (all grid fields but learning rate and seed), the learning rate with the
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import io
 import itertools
 import json
@@ -126,6 +133,59 @@ def run_name(args: dict, keys: list[str]) -> str:
     return "_".join(str(p).replace("/", "-").replace(" ", "") for p in parts) or "run"
 
 
+# ---------------------------------------------------------------------------------- stacking
+STACK_FREE_FIELDS = ("learning_rate", "seed", "data_seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """Runs trained together (``training/stacked.py``); ``name`` depends on exactly its members."""
+    name: str
+    runs: tuple[Run, ...]
+
+
+def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> list[Run | Stack]:
+    """Group runs that may share a stack (equal arguments but learning rate and seeds) into stacks
+    of at most ``stack`` runs (``auto``: ``stack_size_that_fits``). A run left with a checkpoint by
+    a killed worker, or one that wants the restoration callback, is trained alone."""
+    groups: dict[str, list[Run]] = {}
+    jobs: list[Run | Stack] = []
+    for run in todo:
+        alone = any((runs_dir / run.name).glob("checkpoint-*")) or run.args.get("restoration_every_n_steps", 0)
+        if alone:
+            jobs.append(run)
+            continue
+        key = json.dumps({k: v for k, v in run.args.items() if k not in STACK_FREE_FIELDS}, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(run)
+    for runs in groups.values():
+        size = stack_size_that_fits(runs[0].args) if stack == "auto" else int(stack)
+        if size <= 1 or len(runs) == 1:
+            jobs += runs
+            continue
+        for i in range(0, len(runs), size):
+            chunk = tuple(runs[i:i + size])
+            digest = hashlib.sha1("\n".join(r.name for r in chunk).encode()).hexdigest()[:10]
+            jobs.append(chunk[0] if len(chunk) == 1 else Stack(f"{chunk[0].name}+{len(chunk) - 1}-{digest}", chunk))
+    return jobs
+
+
+def stack_size_that_fits(args: dict, cap: int = 32) -> int:
+    """``auto``: on a GPU, as many copies as fit in half its free memory (a generous estimate of a
+    copy's parameters, optimizer state and activations); on a CPU, 1 (no stacking; see above)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 1
+    hidden = int(args.get("hidden_size", 64))
+    layers = int(args.get("num_hidden_layers", 2))
+    batch = int(args.get("per_device_train_batch_size", 32))
+    vocab, length = 8196, 1100                       # the largest presets: AR vocabulary, ATR length
+    params = vocab * hidden + layers * 16 * hidden * hidden
+    per_copy = 4 * (4 * params + batch * length * hidden * layers * 200)
+    free, _ = torch.cuda.mem_get_info()
+    return max(1, min(cap, int(0.5 * free // per_copy)))
+
+
 # ---------------------------------------------------------------------------------- launching
 def _command(run: Run, run_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "hf_mecheval.training.run", *run.flags(), "--output_dir", str(run_dir),
@@ -137,19 +197,40 @@ def _command(run: Run, run_dir: Path) -> list[str]:
     return cmd
 
 
-def execute(run: Run, run_dir: str, threads: int) -> dict:
-    """Run one training process; returns {"name", "returncode", "log"}. Used by both launchers."""
-    path = Path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _stack_command(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
+    spec = {"output_dir": str(stack_dir),
+            "runs": [{"name": r.name, "output_dir": str(runs_dir / r.name), "args": r.args} for r in stack.runs]}
+    spec_path = stack_dir.parent / f"{stack.name}.json"
+    write_text_atomic(spec_path, json.dumps(spec, indent=2, default=str) + "\n", overwrite=True)
+    cmd = [sys.executable, "-m", "hf_mecheval.training.run", "--stack", str(spec_path)]
+    if stack_dir.exists() and any(stack_dir.glob("checkpoint-*")):
+        cmd.append("--resume")                  # a killed stacked run
+    elif stack_dir.exists() or any((runs_dir / r.name).exists() for r in stack.runs):
+        cmd.append("--overwrite")               # started but never checkpointed: nothing to keep
+    return cmd
+
+
+def execute(job: Run | Stack, runs_dir: str, threads: int) -> dict:
+    """Run one training process (a run, or a stack of runs); returns {"name", "runs", "returncode",
+    "log"}. Used by both launchers."""
+    runs_dir = Path(runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    log = path.parent / f"{run.name}.log"
+    if isinstance(job, Stack):
+        cmd = _stack_command(job, runs_dir, runs_dir.parent / "stacks" / job.name)
+        log = runs_dir.parent / "stacks" / f"{job.name}.log"
+        members = [r.name for r in job.runs]
+    else:
+        cmd, log, members = _command(job, runs_dir / job.name), runs_dir / f"{job.name}.log", [job.name]
     with open(log, "w") as handle:
-        proc = subprocess.run(_command(run, path), stdout=handle, stderr=subprocess.STDOUT, env=env)
-    return {"name": run.name, "returncode": proc.returncode, "log": str(log)}
+        proc = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
+    return {"name": job.name, "runs": members, "returncode": proc.returncode, "log": str(log)}
 
 
-def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int = 1, progress: bool = True) -> dict:
-    """Run every unfinished run; returns {"finished", "skipped", "failed"} run names."""
+def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int = 1, progress: bool = True,
+           stack: int | str = "auto") -> dict:
+    """Run every unfinished run (stacked where ``stack`` allows); returns {"finished", "skipped",
+    "failed"} run names."""
 
     root = Path(out) / sweep.name
     runs_dir = root / "runs"
@@ -158,15 +239,16 @@ def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int 
     todo = [r for r in sweep.runs if not is_finished(runs_dir / r.name)]
     skipped = [r.name for r in sweep.runs if r not in todo]
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-    if launcher == "local":
-        results = _launch_local(todo, runs_dir, workers, threads, progress)
-    elif launcher == "ray":
-        results = _launch_ray(todo, runs_dir, workers, threads, progress)
-    else:
+    if launcher not in ("local", "ray"):
         raise ConfigError("launcher", f"must be 'local' or 'ray', got {launcher!r}")
-    failed = [r for r in results if r["returncode"] != 0]
-    return {"finished": [r["name"] for r in results if r["returncode"] == 0], "skipped": skipped,
-            "failed": [f"{r['name']} (exit {r['returncode']}, log {r['log']})" for r in failed]}
+    if stack != "auto" and (not str(stack).isdigit() or int(stack) < 1):
+        raise ConfigError("stack", f"must be 'auto' or a number of runs >= 1, got {stack!r}")
+    jobs = plan_jobs(todo, runs_dir, stack)
+    results = (_launch_local if launcher == "local" else _launch_ray)(jobs, runs_dir, workers, threads, progress)
+    finished = [name for r in results for name in r["runs"] if is_finished(runs_dir / name)]
+    failed = [f"{name} (exit {r['returncode']}, log {r['log']})" for r in results for name in r["runs"]
+              if not is_finished(runs_dir / name)]
+    return {"finished": finished, "skipped": skipped, "failed": failed}
 
 
 def _launch_local(todo, runs_dir, workers, threads, progress):
@@ -174,8 +256,8 @@ def _launch_local(todo, runs_dir, workers, threads, progress):
     from tqdm.auto import tqdm
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [pool.submit(execute, r, str(runs_dir / r.name), threads) for r in todo]
-        return [f.result() for f in tqdm(futures, desc="runs", disable=not progress)]
+        futures = [pool.submit(execute, job, str(runs_dir), threads) for job in todo]
+        return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress)]
 
 
 def _launch_ray(todo, runs_dir, workers, threads, progress):
@@ -191,13 +273,14 @@ def _launch_ray(todo, runs_dir, workers, threads, progress):
                  include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
-        refs = [remote.remote(r, str(runs_dir / r.name), threads) for r in todo]
+        refs = [remote.remote(job, str(runs_dir), threads) for job in todo]
         results = []
-        for ref in tqdm(refs, desc="runs", disable=not progress):
+        for job, ref in zip(todo, tqdm(refs, desc="jobs", disable=not progress)):
             try:
                 results.append(ray.get(ref))
             except Exception as exc:  # a worker that died beyond its retries
-                results.append({"name": "?", "returncode": -1, "log": f"ray: {type(exc).__name__}"})
+                members = [r.name for r in job.runs] if isinstance(job, Stack) else [job.name]
+                results.append({"name": job.name, "runs": members, "returncode": -1, "log": f"ray: {type(exc).__name__}"})
         return results
     finally:
         if started_here:

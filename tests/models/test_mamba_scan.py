@@ -2,7 +2,7 @@
 import torch
 
 from hf_mecheval.models import build_model
-from hf_mecheval.models.mixers.mamba import LinearScan, SelectiveScan, selective_scan_reference
+from hf_mecheval.models.mixers.mamba import LinearScan, selective_scan, selective_scan_reference
 
 
 def inputs(seed=0, B=3, L=9, E=5, N=4):
@@ -16,16 +16,40 @@ def inputs(seed=0, B=3, L=9, E=5, N=4):
 
 
 def test_fused_scan_matches_reference_values_and_gradients():
-    assert torch.autograd.gradcheck(SelectiveScan.apply, inputs())
+    assert torch.autograd.gradcheck(selective_scan, inputs())
     a, b = inputs(1), inputs(1)
     y_ref, _ = selective_scan_reference(*a)
-    y = SelectiveScan.apply(*b)
+    y = selective_scan(*b)
     assert torch.allclose(y, y_ref, atol=1e-12)
     w = torch.randn_like(y)
     (y_ref * w).sum().backward()
     (y * w).sum().backward()
     for p, q in zip(a, b):
         assert torch.allclose(p.grad, q.grad, atol=1e-10)
+
+
+def test_fused_scan_with_one_A_per_row_and_under_vmap():
+    # per-row A (stacked copies folded into rows) equals running each row with its own A
+    x, dt, A, Bm, C = inputs(3)
+    A_rows = (A[None] * torch.tensor([1.0, 0.5, 2.0], dtype=A.dtype)[:, None, None]).detach().requires_grad_()
+    assert torch.autograd.gradcheck(selective_scan, (x, dt, A_rows, Bm, C))
+    y = selective_scan(x, dt, A_rows, Bm, C)
+    for r in range(3):
+        y_r, _ = selective_scan_reference(x[r:r + 1], dt[r:r + 1], A_rows[r], Bm[r:r + 1], C[r:r + 1])
+        assert torch.allclose(y[r:r + 1], y_r, atol=1e-12)
+    # vmap over K = 2 copies (A batched, inputs batched or shared) equals a loop over the copies
+    K_A = torch.stack([A.detach(), 0.3 * A.detach()]).requires_grad_()
+    K_x = torch.stack([x.detach(), x.detach().flip(0)]).requires_grad_()
+    ys = torch.func.vmap(selective_scan, in_dims=(0, None, 0, None, None))(K_x, dt, K_A, Bm, C)
+    w = torch.randn_like(ys)
+    (ys * w).sum().backward()
+    for k in range(2):
+        a = K_A.detach()[k].clone().requires_grad_()
+        xk = K_x.detach()[k].clone().requires_grad_()
+        y_k, _ = selective_scan_reference(xk, dt, a, Bm, C)
+        (y_k * w[k]).sum().backward()
+        assert torch.allclose(ys[k], y_k, atol=1e-12)
+        assert torch.allclose(K_A.grad[k], a.grad, atol=1e-10) and torch.allclose(K_x.grad[k], xk.grad, atol=1e-10)
 
 
 def test_linear_scan_gradcheck():

@@ -2,9 +2,21 @@
 projection with bias."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+
+def causal_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + causal mask) v, written out; q, k, v (B, H, L, hd) -> (B, H, L, hd).
+    What ``scaled_dot_product_attention(is_causal=True)`` computes (tested equal); used under
+    ``torch.func.vmap``, where SDPA would fall back to a loop over the vmapped dimension."""
+    L = q.shape[-2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])                  # (B, H, L, L)
+    future = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1)
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
 
 
 class CausalSelfAttention(nn.Module):
@@ -14,6 +26,7 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = config.hidden_size // self.num_heads
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=True)
+        self.functional_path = False   # under vmap: explicit softmax attention (SDPA has no batching rule)
 
     def _heads(self, x: torch.Tensor):
         # x: (B, L, D) -> q, k, v each (B, H, L, hd)
@@ -24,7 +37,10 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
         q, k, v = self._heads(x)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, L, hd)
+        if self.functional_path:
+            y = causal_softmax_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, L, hd)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
 
     def step(self, x_t: torch.Tensor, state):

@@ -96,29 +96,38 @@ class SelectiveScan(torch.autograd.Function):
 
     Internally the state is laid out (B, L, N, E), channels innermost: contractions over the state
     dimension N are matmuls with contiguous operands, never batched products of tiny matrices.
+
+    A is (E, N), shared by every row, or (B, E, N), one per row: under ``torch.func.vmap`` (stacked
+    copies, each with its own A) the ``vmap`` rule folds the copies into the rows and calls the
+    same kernel. Use ``selective_scan`` rather than ``apply`` (it returns y only).
     """
 
     @staticmethod
-    def forward(ctx, x, dt, A, B, C, workspace: ScanWorkspace | None = None):
-        # x, dt: (B, L, E); A: (E, N); B, C: (B, L, N)
-        reuse = workspace is not None and not workspace.busy
-        shape = (x.shape[0], x.shape[1], A.shape[1], A.shape[0])
-        dA = workspace.get("dA", shape, x) if reuse else x.new_empty(shape)
-        H = workspace.get("H", shape, x) if reuse else x.new_empty(shape)
+    def forward(x, dt, A, B, C, workspace: ScanWorkspace | None = None):
+        # x, dt: (B, L, E); A: (E, N) or (B, E, N); B, C: (B, L, N). workspace: None = fresh memory
+        shape = (x.shape[0], x.shape[1], A.shape[-1], A.shape[-2])
+        dA = workspace.get("dA", shape, x) if workspace is not None else x.new_empty(shape)
+        H = workspace.get("H", shape, x) if workspace is not None else x.new_empty(shape)
         dtx = dt * x
-        torch.mul(dt[:, :, None, :], A.T, out=dA).exp_()                        # exp(dt A)
+        torch.mul(dt[:, :, None, :], _state_major(A), out=dA).exp_()             # exp(dt A)
         torch.mul(B[..., None], dtx[:, :, None, :], out=H)                      # dt B x, scanned in place
         for t in range(1, H.shape[1]):
             H[:, t].addcmul_(dA[:, t], H[:, t - 1])
         y = (C[:, :, None, :] @ H)[:, :, 0]                                     # (B, L, E)
-        ctx.save_for_backward(x, dt, A, B, C, dtx, dA, H)
-        ctx.workspace = workspace if reuse else None
-        if reuse and torch.is_grad_enabled():
-            workspace.busy = True
-        return y
+        return y, dtx, dA, H
 
     @staticmethod
-    def backward(ctx, gy):
+    def setup_context(ctx, inputs, output):
+        x, dt, A, B, C, workspace = inputs
+        y, dtx, dA, H = output
+        ctx.mark_non_differentiable(dtx, dA, H)
+        ctx.save_for_backward(x, dt, A, B, C, dtx, dA, H)
+        ctx.workspace = workspace
+        if workspace is not None and torch.is_grad_enabled():
+            workspace.busy = True
+
+    @staticmethod
+    def backward(ctx, gy, *unused):
         x, dt, A, B, C, dtx, dA, H = ctx.saved_tensors
         ws = ctx.workspace
         gy = gy.contiguous()
@@ -132,11 +141,39 @@ class SelectiveScan(torch.autograd.Function):
         # dL/d(dt A)_t = G_t * H_{t-1} * dA_t (zero at t = 0), in G's memory
         G[:, 1:].mul_(H[:, :-1]).mul_(dA[:, 1:])
         G[:, 0].zero_()
-        grad_dt = grad_dtx * x + torch.mul(G, A.T, out=T).sum(2)               # (B, L, E)
-        grad_A = torch.mul(G, dt[:, :, None, :], out=T).sum((0, 1)).T          # (E, N)
+        grad_dt = grad_dtx * x + torch.mul(G, _state_major(A), out=T).sum(2)   # (B, L, E)
+        grad_A = torch.mul(G, dt[:, :, None, :], out=T)                        # (B, L, N, E)
+        grad_A = grad_A.sum((0, 1)).T if A.dim() == 2 else grad_A.sum(1).transpose(1, 2)
         if ws is not None:
             ws.busy = False
         return grad_dtx * dt, grad_dt, grad_A, grad_B, grad_C, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, dt, A, B, C, workspace):
+        # fold the vmapped dimension (K copies) into the rows: (K, b, ...) -> (K*b, ...)
+        K = info.batch_size
+
+        def rows(t, dim):
+            t = t.movedim(dim, 0) if dim is not None else t.expand(K, *t.shape)
+            return t.reshape(-1, *t.shape[2:])
+
+        b = x.shape[1 if in_dims[0] is not None else 0]
+        A_rows = A.movedim(in_dims[2], 0) if in_dims[2] is not None else A.expand(K, *A.shape)
+        A_rows = A_rows.repeat_interleave(b, dim=0)                             # (K*b, E, N)
+        out = SelectiveScan.apply(rows(x, in_dims[0]), rows(dt, in_dims[1]), A_rows, rows(B, in_dims[3]),
+                                  rows(C, in_dims[4]), workspace)
+        return tuple(o.view(K, b, *o.shape[1:]) for o in out), (0, 0, 0, 0)
+
+
+def _state_major(A: torch.Tensor) -> torch.Tensor:
+    """A (E, N) -> (N, E); per-row A (B, E, N) -> (B, 1, N, E): broadcastable against (B, L, N, E)."""
+    return A.T if A.dim() == 2 else A.transpose(1, 2)[:, None]
+
+
+def selective_scan(x, dt, A, B, C, workspace: ScanWorkspace | None = None) -> torch.Tensor:
+    """y (B, L, E) of the fused scan; reuses the workspace's buffers unless a backward still needs them."""
+    reuse = workspace is not None and not workspace.busy
+    return SelectiveScan.apply(x, dt, A, B, C, workspace if reuse else None)[0]
 
 
 class MambaMixer(nn.Module):
@@ -191,7 +228,7 @@ class MambaMixer(nn.Module):
         dt, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)                                             # (E, N)
         if not self.state.wanted():
-            y = SelectiveScan.apply(x, dt, A, B, C, self._workspace)          # (B, L, E)
+            y = selective_scan(x, dt, A, B, C, self._workspace)               # (B, L, E)
         else:  # the state trajectory goes through its Site, where it may be read or patched
             dA = torch.exp(dt[..., None] * A)                                  # (B, L, E, N)
             H = LinearScan.apply(dA, (dt * x)[..., None] * B[:, :, None, :])

@@ -1,0 +1,355 @@
+"""Stacked runs: K runs that differ only in learning rate and seed, trained as one computation.
+
+    python -m hf_mecheval.training.run --stack STACK.json [--resume | --overwrite]
+
+STACK.json::
+
+    {"output_dir": "runs/stacks/mamba_d64",              # the stack's own directory (checkpoints)
+     "runs": [{"name": "mamba_lr1e-03_s0", "output_dir": "runs/mamba_lr1e-03_s0",
+               "args": {"architecture": "mamba", "learning_rate": 0.001, "seed": 0, ...}}, ...]}
+
+Every run's arguments must agree except ``learning_rate``, ``seed`` and ``data_seed``. Each copy
+is initialised exactly as its run would be alone (``set_seed(seed)`` then the model), sees the
+batches its run would see alone (``data.StackedBatchSampler``), and is updated by AdamW with its
+own learning rate under the shared schedule shape, with its own gradient clipping
+(``StackedAdamW``). A stacked run is one Trainer in one process (so ``accelerate launch`` works
+as for any run); checkpoints hold all copies and live in the stack directory. At the end every
+copy is unstacked into its own run directory — model, trainer state, per-copy history, metrics,
+model card — by the same code that finishes a run trained alone.
+
+A copy whose loss turns NaN or infinite is recorded (``diverged_at_step`` in its metrics) and
+left to itself: no operation mixes copies, so its siblings are unaffected.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch.utils.data import DataLoader
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..errors import ConfigError, MechEvalError
+from ..io_utils import write_text_atomic
+from ..models.stacked import StackedCausalLM
+from .arguments import validate
+from .data import PaddedTaskDataset, StackedBatchSampler, StackedTaskDataset, batch_collator
+from .evaluation import answer_logits_summary, compute_answer_metrics
+from .run import (MechEvalTrainer, _check_checkpoint, build_run_model, data_seed, finish_run, is_finished,
+                  load_task_splits, run_record, run_trainer)
+
+PER_COPY_FIELDS = {"learning_rate", "seed", "data_seed", "output_dir", "resume", "overwrite"}
+
+
+class StackedAdamW(torch.optim.Optimizer):
+    """AdamW (as ``torch.optim.AdamW``) on stacked parameters (K, ...), with a learning rate per copy.
+
+    The parameter group's ``lr`` is the schedule *factor* (the Trainer's scheduler moves it from
+    1.0 along the schedule shape); copy k's learning rate is ``learning_rates[k] * factor``.
+    Gradients are clipped per copy (copy k's global norm over all its parameters), as each run's
+    Trainer would clip alone. ``decay`` names the parameters that get weight decay (the Trainer's
+    rule: not biases, not norm weights)."""
+
+    def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], learning_rates: Sequence[float],
+                 betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, max_grad_norm: float = 0.0,
+                 decay: set[str] | None = None):
+        params = [p for _, p in named_params]
+        super().__init__(params, {"lr": 1.0, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self.names = {id(p): n for n, p in named_params}
+        self.decay = decay if decay is not None else {n for n, _ in named_params}
+        device = params[0].device
+        self.learning_rates = torch.tensor(list(learning_rates), dtype=torch.float32, device=device)   # (K,)
+        self.max_grad_norm = max_grad_norm
+        self.last_grad_norms = torch.zeros_like(self.learning_rates)
+        self.diverged_at = torch.full_like(self.learning_rates, -1, dtype=torch.long)   # step, -1 = never
+        self.steps = 0
+
+    @staticmethod
+    def _per_copy(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return x.view(-1, *([1] * (like.dim() - 1)))             # (K,) -> (K, 1, ..., 1)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        group = self.param_groups[0]
+        params = [p for p in group["params"] if p.grad is not None]
+        self.steps += 1
+        norms = torch.stack([p.grad.pow(2).flatten(1).sum(1) for p in params]).sum(0).sqrt()    # (K,)
+        self.last_grad_norms = norms
+        newly = ~torch.isfinite(norms) & (self.diverged_at < 0)
+        self.diverged_at[newly] = self.steps
+        if self.max_grad_norm > 0:   # torch.nn.utils.clip_grad_norm_'s coefficient, per copy
+            scale = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+            for p in params:
+                p.grad.mul_(self._per_copy(scale, p))
+        beta1, beta2 = group["betas"]
+        lr = self.learning_rates * group["lr"]                                              # (K,)
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            t = state["step"]
+            lr_p = self._per_copy(lr, p)
+            if group["weight_decay"] and self.names[id(p)] in self.decay:
+                p.mul_(1 - lr_p * group["weight_decay"])
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m.lerp_(p.grad, 1 - beta1)
+            v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+            p.sub_(lr_p / (1 - beta1 ** t) * m / denom)
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["stacked"] = {"learning_rates": self.learning_rates.tolist(), "diverged_at": self.diverged_at.tolist(),
+                            "steps": self.steps}
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("stacked")
+        super().load_state_dict(state_dict)
+        self.diverged_at = torch.tensor(extra["diverged_at"], device=self.diverged_at.device)
+        self.steps = extra["steps"]
+
+
+class StackedTrainer(MechEvalTrainer):
+    """The Trainer for a ``StackedCausalLM``: per-copy optimizer, batches, losses and evaluation.
+
+    Every per-copy quantity it logs is a list of K values (``loss``, ``learning_rate``,
+    ``grad_norm``, ``eval_accuracy`` ...); ``copy_history`` picks copy k's entries back out."""
+
+    def __init__(self, *args, learning_rates: Sequence[float], data_seeds: Sequence[int], max_grad_norm: float,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.learning_rates, self.data_seeds = list(learning_rates), list(data_seeds)
+        self.copy_max_grad_norm = max_grad_norm
+        self._loss_sum = None            # (K,) since the last log
+        self._loss_steps = 0
+        self._total_loss, self._total_steps = None, 0
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            model = self.model
+            decay = set(self.get_decay_parameter_names(model.template))     # the rule a lone run uses
+            self.optimizer = StackedAdamW(model.named_stacked_parameters(), self.learning_rates,
+                                          betas=(self.args.adam_beta1, self.args.adam_beta2), eps=self.args.adam_epsilon,
+                                          weight_decay=self.args.weight_decay, max_grad_norm=self.copy_max_grad_norm,
+                                          decay=decay)
+        return self.optimizer
+
+    def _stacked_optimizer(self) -> StackedAdamW:
+        return getattr(self.optimizer, "optimizer", self.optimizer)     # accelerate wraps it
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        # The Trainer measures the global norm by "clipping" to infinity, which multiplies every
+        # gradient by max_norm / norm: one NaN copy would turn all copies' gradients NaN. The
+        # per-copy norms come from StackedAdamW instead (logged as grad_norm).
+        return None
+
+    def get_train_dataloader(self) -> DataLoader:
+        sampler = StackedBatchSampler(len(self.train_dataset), self.data_seeds, self._train_batch_size,
+                                      self.args.dataloader_drop_last)
+        return self.accelerator.prepare(DataLoader(self.train_dataset, batch_sampler=sampler,
+                                                   collate_fn=batch_collator, num_workers=0))
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = model(**inputs)
+        losses = out.losses.detach()
+        self._loss_sum = losses if self._loss_sum is None else self._loss_sum + losses
+        self._total_loss = losses if self._total_loss is None else self._total_loss + losses
+        self._loss_steps += 1
+        self._total_steps += 1
+        return (out.loss, out) if return_outputs else out.loss
+
+    def log(self, logs: dict, start_time=None) -> None:
+        logs = dict(logs)
+        if "loss" in logs and self._loss_sum is not None:
+            logs["loss"] = [round(v, 6) for v in (self._loss_sum / self._loss_steps).tolist()]
+            # the Trainer logs the group's lr, which is the schedule factor here (base lr 1.0)
+            factor = logs.get("learning_rate", self.optimizer.param_groups[0]["lr"])
+            logs["learning_rate"] = [lr * factor for lr in self.learning_rates]
+            logs["grad_norm"] = self._stacked_optimizer().last_grad_norms.tolist()
+            self._loss_sum, self._loss_steps = None, 0
+        if "train_loss" in logs and self._total_loss is not None:
+            logs["train_loss"] = (self._total_loss / self._total_steps).tolist()
+        super().log(logs, start_time)
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        """Per-copy loss, accuracy and p(answer) on a dataset (lists of K values), logged."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        model = self.model
+        was_training = model.training
+        model.eval()
+        K, n = model.num_copies, len(dataset)
+        loss = torch.zeros(K)
+        correct = torch.zeros(K)
+        prob = torch.zeros(K)
+        device = next(model.parameters()).device
+        for start in range(0, n, self.args.per_device_eval_batch_size):
+            batch = dataset.__getitems__(list(range(start, min(n, start + self.args.per_device_eval_batch_size))))
+            out = model(**{k: v.to(device) for k, v in batch.items()})
+            probs = torch.softmax(out.logits.float(), dim=-1)                       # (K, B, V)
+            targets = out.targets.expand(K, -1)                                     # (K, B)
+            b = targets.shape[1]
+            loss += out.losses.cpu() * b
+            correct += (probs.argmax(-1) == targets).sum(-1).cpu()
+            prob += probs.gather(-1, targets[..., None])[..., 0].sum(-1).cpu()
+        model.train(was_training)
+        metrics = {f"{metric_key_prefix}_loss": (loss / n).tolist(), f"{metric_key_prefix}_accuracy": (correct / n).tolist(),
+                   f"{metric_key_prefix}_answer_prob": (prob / n).tolist()}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+def copy_history(history: list[dict], k: int, num_copies: int) -> list[dict]:
+    """Copy k's view of a stacked run's log history: every K-long list becomes its k-th value."""
+    def pick(value):
+        return value[k] if isinstance(value, list) and len(value) == num_copies else value
+    return [{key: pick(value) for key, value in entry.items()} for entry in history]
+
+
+# ---------------------------------------------------------------------------------- a stacked run
+@dataclasses.dataclass
+class Member:
+    name: str
+    args: tuple                  # (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
+
+    @property
+    def training(self):
+        return self.args[3]
+
+
+def check_compatible(members: list[Member]) -> None:
+    """Runs can share a stack when all their arguments agree but learning rate and seeds."""
+    first = members[0]
+    for other in members[1:]:
+        for a, b in zip(first.args, other.args):
+            for field in dataclasses.fields(a):
+                if field.name in PER_COPY_FIELDS or field.name.startswith("_"):
+                    continue
+                if getattr(a, field.name) != getattr(b, field.name):
+                    raise ConfigError(field.name, f"runs {first.name} and {other.name} differ in it "
+                                                  f"({getattr(a, field.name)!r} vs {getattr(b, field.name)!r}); a stack "
+                                                  f"may differ only in {', '.join(sorted(PER_COPY_FIELDS))}")
+    if first.args[2].restoration_every_n_steps > 0:
+        raise ConfigError("restoration_every_n_steps", "the restoration callback is not available in stacked runs; "
+                                                      "train such runs alone")
+
+
+def _prepare_stack_dir(stack_dir: Path, members: list[Member], resume: bool, overwrite: bool) -> str | None:
+    for m in members:
+        out = Path(m.training.output_dir)
+        if is_finished(out) and not overwrite:
+            raise MechEvalError(f"{out} already holds a finished run ({m.name}); leave it out of the stack "
+                                "or pass --overwrite to replace it")
+        if out.exists() and any(out.iterdir()) and not (overwrite or resume):
+            raise MechEvalError(f"{out} already holds files; pass --overwrite to replace them")
+    exists = stack_dir.exists() and any(stack_dir.iterdir())
+    if resume:
+        checkpoint = get_last_checkpoint(str(stack_dir)) if stack_dir.exists() else None
+        if checkpoint is None:
+            raise MechEvalError(f"--resume: {stack_dir} has no checkpoint-* folder to continue from")
+        _check_checkpoint(Path(checkpoint))
+        print(f"stacked run: resuming from {checkpoint}", file=sys.stderr)
+        return checkpoint
+    if exists and not overwrite:
+        raise MechEvalError(f"{stack_dir} already holds a stacked run; pass --resume to continue it or "
+                            "--overwrite to replace it")
+    if exists:
+        shutil.rmtree(stack_dir)
+    return None
+
+
+def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = False, overwrite: bool = False,
+                  command: str | None = None, callbacks: Sequence = ()) -> list[dict]:
+    """Train the members as one stack; returns each member's final metrics (also in its run directory)."""
+    if not members:
+        raise ConfigError("runs", "a stack needs at least one run")
+    for m in members:
+        validate(*m.args)
+    check_compatible(members)
+    stack_dir = Path(stack_dir)
+    model_args, data_args, run_args, first_training = members[0].args
+    checkpoint = _prepare_stack_dir(stack_dir, members, resume, overwrite)
+
+    task, data, train_size, eval_size = load_task_splits(data_args, run_args, first_training, main_process=True)
+    for m in members[1:]:
+        m.training.num_train_epochs = first_training.num_train_epochs
+    longest = max(int(d.lengths.max()) for d in data.values())
+    copies = [build_run_model(model_args, task, m.training.seed, longest) for m in members]
+    stacked = StackedCausalLM(copies)
+    K = len(members)
+    splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
+
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    if checkpoint is None:
+        write_text_atomic(stack_dir / "command.txt", (command or " ".join(map(shlex.quote, sys.argv))) + "\n",
+                          overwrite=True)
+    args = dataclasses.replace(first_training, output_dir=str(stack_dir), learning_rate=1.0, max_grad_norm=0.0)
+    trainer = StackedTrainer(
+        model=stacked, args=args, train_dataset=StackedTaskDataset(data["train"], K),
+        eval_dataset=splits["validation"], data_collator=batch_collator, callbacks=list(callbacks),
+        learning_rates=[m.training.learning_rate for m in members],
+        data_seeds=[data_seed(m.training) for m in members], max_grad_norm=first_training.max_grad_norm)
+    run_trainer(trainer, checkpoint)
+
+    diverged = trainer._stacked_optimizer().diverged_at.tolist()
+    finals = []
+    for k, (member, model) in enumerate(zip(members, stacked.unstack())):
+        m_args, d_args, r_args, t_args = member.args
+        run_dir = Path(t_args.output_dir)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        write_text_atomic(run_dir / "command.txt", f"{command or ' '.join(map(shlex.quote, sys.argv))}\n"
+                                                   f"# copy {k} of {K} in the stacked run {stack_dir}\n")
+        record = run_record(model, m_args, d_args, r_args, t_args, task, train_size, eval_size)
+        record["stack"] = {"dir": str(stack_dir), "copy": k, "size": K}
+        write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
+        lone = MechEvalTrainer(model=model, args=t_args, eval_dataset=splits["validation"],
+                               data_collator=batch_collator, compute_metrics=compute_answer_metrics,
+                               preprocess_logits_for_metrics=answer_logits_summary)
+        lone.state = dataclasses.replace(trainer.state, log_history=copy_history(trainer.state.log_history, k, K))
+        extra = {"stack_size": K}
+        if diverged[k] >= 0:
+            extra["diverged_at_step"] = diverged[k]
+            print(f"stacked run: copy {k} ({member.name}) diverged (non-finite gradients) at step {diverged[k]}",
+                  file=sys.stderr)
+        finals.append(finish_run(lone, splits, run_dir, extra))
+    for ckpt in stack_dir.glob("checkpoint-*"):        # every copy now lives in its own run directory
+        shutil.rmtree(ckpt)
+    write_text_atomic(stack_dir / "finished.json", json.dumps(
+        {"runs": [m.name for m in members], "diverged_at_step": diverged}, indent=2) + "\n", overwrite=True)
+    return finals
+
+
+def load_stack_file(path: str | Path, parse) -> tuple[Path, list[Member]]:
+    """Read STACK.json (see the module docstring) into members, each parsed like a lone run."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise MechEvalError(f"cannot read the stack file {path}: {exc}") from None
+    if not isinstance(spec, dict) or set(spec) != {"output_dir", "runs"} or not isinstance(spec["runs"], list):
+        raise ConfigError("stack", f"{path} must be an object with exactly the keys output_dir and runs (a list)")
+    members = []
+    for i, run in enumerate(spec["runs"]):
+        if not isinstance(run, dict) or set(run) != {"name", "output_dir", "args"}:
+            raise ConfigError("runs", f"entry {i} of {path} must have exactly the keys name, output_dir, args")
+        from .run import as_flags
+
+        try:
+            parsed = parse(as_flags(run["args"]) + ["--output_dir", str(run["output_dir"])])
+        except ValueError as exc:
+            raise MechEvalError(f"{path}, run {run['name']}: {str(exc).splitlines()[0]}") from None
+        members.append(Member(run["name"], tuple(parsed)))
+    return Path(spec["output_dir"]), members

@@ -1,0 +1,74 @@
+"""StackedCausalLM: K copies under vmap compute what each model computes alone."""
+import pytest
+import torch
+from torch.nn import functional as F
+
+from hf_mecheval.errors import MechEvalError
+from hf_mecheval.models import MODEL_CLASSES, build_model
+from hf_mecheval.models.mixers.attention import causal_softmax_attention
+from hf_mecheval.models.stacked import StackedCausalLM, answer_positions
+from hf_mecheval.tasks.presets import build_task
+from hf_mecheval.training.data import PaddedTaskDataset
+
+TASK = build_task("ar_32", num_kv=16, num_pairs=2)
+DATA = PaddedTaskDataset(TASK.generate(24, "train", 0))
+
+
+def copies(arch, K=3, **fields):
+    models = []
+    for k in range(K):
+        torch.manual_seed(k)
+        models.append(build_model(arch, vocab_size=TASK.vocab_size, hidden_size=16, num_hidden_layers=2,
+                                  kernels="torch", **fields))
+    return models
+
+
+@pytest.mark.parametrize("arch", list(MODEL_CLASSES))
+@pytest.mark.parametrize("per_copy", [False, True])
+def test_losses_and_gradients_equal_each_model_alone(arch, per_copy):
+    models = copies(arch)
+    stacked = StackedCausalLM(models)
+    batch = DATA.__getitems__(list(range(24 if per_copy else 8)))
+    if per_copy:                                                   # (K, 8, L): a batch per copy
+        batch = {k: v.view(3, 8, -1) for k, v in batch.items()}
+    out = stacked(**batch)
+    out.loss.backward()
+    for k, model in enumerate(models):
+        mine = {key: v[k] if per_copy else v for key, v in batch.items()}
+        ref = model(**mine)
+        ref.loss.backward()
+        assert out.losses[k].item() == pytest.approx(ref.loss.item(), abs=1e-5)
+        assert torch.allclose(out.logits[k], ref.logits[:, 0], atol=1e-5)
+        for name, p in stacked.named_stacked_parameters():
+            assert torch.allclose(p.grad[k], dict(model.named_parameters())[name].grad, atol=1e-6), name
+
+
+def test_unstack_gives_back_the_models_and_finite_copies_flags_nan():
+    models = copies("mamba")
+    stacked = StackedCausalLM(models)
+    for model, back in zip(models, stacked.unstack()):
+        a, b = model.state_dict(), back.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert back.lm_head.weight is back.model.embed_tokens.weight       # still tied
+    with torch.no_grad():
+        stacked.stacked["model__layers__1__mixer__D"][2, 0] = float("nan")
+    assert stacked.finite_copies().tolist() == [True, True, False]
+
+
+def test_explicit_attention_equals_sdpa():
+    q, k, v = torch.randn(3, 2, 2, 7, 5).unbind(0)
+    assert torch.allclose(causal_softmax_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                          atol=1e-6)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(MechEvalError, match="same architecture"):
+        StackedCausalLM(copies("mamba", 1) + copies("mamba", 1, conv_kernel=2))
+    stacked = StackedCausalLM(copies("based", 2))
+    batch = DATA.__getitems__(list(range(6)))
+    with pytest.raises(MechEvalError, match="leading dimension of 2"):
+        stacked(**{k: v.view(3, 2, -1) for k, v in batch.items()})
+    two_labels = batch["labels"].clone()
+    two_labels[:, 2] = 5
+    with pytest.raises(MechEvalError, match="exactly one label"):
+        answer_positions(two_labels)

@@ -1,0 +1,215 @@
+"""Stacked runs: equivalence with runs trained alone, per-copy data and divergence, resume, the
+stack file entry point, and stacking in sweeps."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from hf_mecheval.errors import ConfigError, MechEvalError
+from hf_mecheval.models import MODEL_CLASSES
+from hf_mecheval.tasks.presets import build_task
+from hf_mecheval.training.data import PaddedTaskDataset, StackedBatchSampler, batch_collator, epoch_order
+from hf_mecheval.training.run import MechEvalTrainer, main, parse, train
+from hf_mecheval.training.stacked import Member, copy_history, train_stacked
+from hf_mecheval.training.sweep import Stack, Sweep, launch, plan_jobs
+
+from test_training import StopAt
+
+BASE = ["--task", "ar_32", "--task_config", '{"num_kv": 16, "num_pairs": 2}', "--train_size", "96",
+        "--eval_size", "32", "--hidden_size", "16", "--per_device_train_batch_size", "8", "--max_steps", "50",
+        "--logging_steps", "10", "--save_strategy", "no", "--disable_tqdm", "true", "--weight_decay", "0.01"]
+# five runs: learning rates and seeds (so initialisation and data order) all differ
+COPIES = [(1e-3, 0), (2e-3, 1), (3e-3, 2), (5e-4, 3), (1.5e-3, 4)]
+
+
+def flags(arch, out, lr, seed, *extra):
+    pos = ["--max_position_embeddings", "16"] if arch == "transformer" else []
+    return BASE + pos + ["--architecture", arch, "--learning_rate", str(lr), "--seed", str(seed),
+                         "--output_dir", str(out), *extra]
+
+
+def members(arch, root, copies=COPIES, *extra):
+    return [Member(f"lr{lr}_s{seed}", tuple(parse(flags(arch, root / f"lr{lr}_s{seed}", lr, seed, *extra))))
+            for lr, seed in copies]
+
+
+def max_weight_difference(a: Path, b: Path) -> float:
+    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert x.keys() == y.keys()
+    return max((x[k] - y[k]).abs().max().item() for k in x)
+
+
+@pytest.mark.parametrize("arch", list(MODEL_CLASSES))
+def test_five_stacked_runs_equal_five_runs_trained_alone(arch, tmp_path):
+    # 50 steps, 4 epochs (12 steps each: the epoch orders change), per-copy clipping (norms > 1
+    # early on), weight decay, evaluation every epoch
+    stacked = members(arch, tmp_path / "stacked", COPIES, "--eval_strategy", "epoch")
+    finals = train_stacked(stacked, tmp_path / "stack")
+    for (lr, seed), member, final in zip(COPIES, stacked, finals):
+        alone = tmp_path / "alone" / member.name
+        reference = train(*parse(flags(arch, alone, lr, seed, "--eval_strategy", "epoch")))
+        run = Path(member.training.output_dir)
+        assert max_weight_difference(alone, run) <= 1e-4, member.name
+        assert final["validation_loss"] == pytest.approx(reference["validation_loss"], abs=1e-4)
+        assert final["stack_size"] == 5 and "diverged_at_step" not in final
+        history = {e["step"]: e for e in json.loads((run / "metrics.json").read_text())["history"] if "loss" in e}
+        expected = {e["step"]: e for e in json.loads((alone / "metrics.json").read_text())["history"] if "loss" in e}
+        assert history.keys() == expected.keys() == {10, 20, 30, 40, 50}
+        for step in history:
+            assert history[step]["loss"] == pytest.approx(expected[step]["loss"], abs=1e-4)
+            assert history[step]["learning_rate"] == pytest.approx(expected[step]["learning_rate"], rel=1e-5)
+        evals = [e["eval_accuracy"] for e in json.loads((run / "metrics.json").read_text())["history"]
+                 if "eval_accuracy" in e]
+        assert len(evals) >= 5     # every epoch, then the final validation
+        record = json.loads((run / "run.json").read_text())
+        assert record["stack"]["size"] == 5 and record["training"]["learning_rate"] == lr
+        assert (run / "config.json").exists() and (run / "README.md").exists()
+    assert not list((tmp_path / "stack").glob("checkpoint-*"))     # copies live in their run dirs now
+
+
+class PoisonCopy(TrainerCallback):
+    """Sets one copy's embedding to NaN after a step: that copy diverges, by construction."""
+
+    def __init__(self, copy, step):
+        self.copy, self.step = copy, step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.stacked["model__embed_tokens__weight"][self.copy].fill_(float("nan"))
+
+
+def test_a_diverging_copy_is_reported_and_leaves_its_siblings_alone(tmp_path, capsys):
+    copies = COPIES[:3]
+    clean = train_stacked(members("mamba", tmp_path / "clean", copies), tmp_path / "stack_clean")
+    poisoned = train_stacked(members("mamba", tmp_path / "poisoned", copies), tmp_path / "stack_poisoned",
+                             callbacks=[PoisonCopy(1, 7)])
+    assert poisoned[1]["diverged_at_step"] == 8 and "diverged_at_step" not in poisoned[0]
+    assert "copy 1 (lr0.002_s1) diverged" in capsys.readouterr().err
+    for k in (0, 2):
+        name = members("mamba", tmp_path, copies)[k].name
+        assert max_weight_difference(tmp_path / "clean" / name, tmp_path / "poisoned" / name) == 0.0
+        assert poisoned[k]["test_loss"] == clean[k]["test_loss"]
+    finished = json.loads((tmp_path / "stack_poisoned" / "finished.json").read_text())
+    assert finished["diverged_at_step"] == [-1, 8, -1]
+
+
+def test_killed_stacked_run_resumes_to_the_same_weights(tmp_path):
+    copies = COPIES[:2]
+    extra = ("--save_strategy", "steps", "--save_steps", "20")
+    train_stacked(members("h3", tmp_path / "whole", copies, *extra), tmp_path / "stack_whole")
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(members("h3", tmp_path / "killed", copies, *extra), tmp_path / "stack_killed",
+                      callbacks=[StopAt(20)])
+    assert (tmp_path / "stack_killed" / "checkpoint-20").exists()
+    with pytest.raises(MechEvalError, match="--resume"):
+        train_stacked(members("h3", tmp_path / "killed", copies, *extra), tmp_path / "stack_killed")
+    train_stacked(members("h3", tmp_path / "killed", copies, *extra), tmp_path / "stack_killed", resume=True)
+    for m in members("h3", tmp_path, copies):
+        assert max_weight_difference(tmp_path / "whole" / m.name, tmp_path / "killed" / m.name) <= 1e-6
+
+
+def test_stack_file_entry_point_and_its_errors(tmp_path, capsys):
+    runs = [{"name": f"r{i}", "output_dir": str(tmp_path / f"r{i}"),
+             "args": {"task": "ar_32", "task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 32, "eval_size": 16,
+                      "hidden_size": 16, "max_steps": 3, "learning_rate": lr, "architecture": "based",
+                      "save_strategy": "no", "eval_strategy": "no"}}
+            for i, lr in enumerate((1e-3, 1e-2))]
+    spec = tmp_path / "stack.json"
+    spec.write_text(json.dumps({"output_dir": str(tmp_path / "stack"), "runs": runs}))
+    assert main(["--stack", str(spec)]) == 0
+    assert json.loads((tmp_path / "r1" / "metrics.json").read_text())["final"]["global_step"] == 3
+    capsys.readouterr()
+    assert main(["--stack", str(spec)]) == 2                                   # would overwrite
+    assert "already holds a finished run" in capsys.readouterr().err
+    runs[1]["args"]["hidden_size"] = 32
+    spec.write_text(json.dumps({"output_dir": str(tmp_path / "stack2"), "runs": runs}))
+    assert main(["--stack", str(spec), "--overwrite"]) == 2
+    assert "hidden_size" in capsys.readouterr().err
+    spec.write_text(json.dumps({"runs": runs}))
+    assert main(["--stack", str(spec)]) == 2
+    assert "output_dir and runs" in capsys.readouterr().err
+    assert main(["--stack", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the stack file" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="restoration"):
+        train_stacked(members("based", tmp_path / "x", COPIES[:2], "--restoration_every_n_steps", "5"), tmp_path / "s")
+
+
+def test_batches_follow_each_runs_own_epoch_order(tmp_path):
+    data = build_task("ar_32", num_kv=16, num_pairs=2).generate(20, "train", 0)
+    sampler = StackedBatchSampler(20, [3, 3, 8], batch_size=6)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = [torch.tensor(b).view(3, -1) for b in sampler]
+        assert [len(b[0]) for b in batches] == [6, 6, 6, 2]
+        for k, seed in enumerate((3, 3, 8)):
+            assert torch.equal(torch.cat([b[k] for b in batches]), epoch_order(20, seed, epoch))
+    # a run trained alone visits its documents in epoch_order of its data seed
+    dataset = PaddedTaskDataset(data)
+    dataset.input_ids[:, 0] = torch.arange(20)
+    args = parse(flags("transformer", tmp_path / "o", 1e-3, 5, "--per_device_train_batch_size", "4",
+                       "--eval_strategy", "no", "--num_train_epochs", "1"))[3]
+    loader = MechEvalTrainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=dataset,
+                             data_collator=batch_collator).get_train_dataloader()
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        assert torch.equal(torch.cat([b["input_ids"][:, 0] for b in loader]), epoch_order(20, 5, epoch))
+
+
+def test_copy_history_picks_each_copys_values():
+    history = [{"loss": [1.0, 2.0], "epoch": 1.0, "step": 5}, {"train_runtime": 3.0, "note": [1, 2, 3]}]
+    assert copy_history(history, 1, 2) == [{"loss": 2.0, "epoch": 1.0, "step": 5},
+                                           {"train_runtime": 3.0, "note": [1, 2, 3]}]
+
+
+# ---------------------------------------------------------------------------------- sweeps
+def sweep(**grid):
+    return Sweep.from_dict({"name": "st", "task": "ar_32",
+                            "defaults": {"task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 48,
+                                         "eval_size": 16, "max_steps": 6, "hidden_size": 16,
+                                         "max_position_embeddings": 16, "eval_strategy": "no",
+                                         "save_strategy": "no"},
+                            "grids": [grid]})
+
+
+def test_plan_groups_runs_that_differ_in_learning_rate_and_seed_only(tmp_path):
+    s = Sweep.from_dict({"name": "p", "task": "ar_32",
+                         "grids": [{"architecture": ["mamba", "h3"], "learning_rate": [1e-3, 3e-3, 1e-2]}],
+                         "seeds": [0, 1]})
+    jobs = plan_jobs(s.runs, tmp_path, stack=4)
+    stacks = [j for j in jobs if isinstance(j, Stack)]
+    assert sorted(len(j.runs) for j in stacks) == [2, 2, 4, 4]                 # 6 runs per architecture
+    assert all(len({r.args["architecture"] for r in j.runs}) == 1 for j in stacks)
+    assert sorted(r.name for j in stacks for r in j.runs) == sorted(r.name for r in s.runs)
+    assert plan_jobs(s.runs, tmp_path, stack=4) == jobs                         # deterministic names
+    assert all(not isinstance(j, Stack) for j in plan_jobs(s.runs, tmp_path, stack=1))
+    # a run a killed worker left with a checkpoint resumes alone
+    (tmp_path / s.runs[0].name / "checkpoint-3").mkdir(parents=True)
+    assert s.runs[0] in plan_jobs(s.runs, tmp_path, stack=4)
+
+
+def test_stacked_sweep_trains_resumes_and_skips(tmp_path):
+    s = sweep(architecture=["based"], learning_rate=[1e-3, 3e-3, 1e-2])
+    runs_dir = tmp_path / "st" / "runs"
+    # a stacked job killed after its checkpoint, as a dead worker leaves it
+    plan = plan_jobs(s.runs, runs_dir, stack=2)
+    stack = next(j for j in plan if isinstance(j, Stack))
+    killed = [Member(r.name, tuple(parse([*r.flags(), "--output_dir", str(runs_dir / r.name),
+                                          "--save_strategy", "steps", "--save_steps", "3"])))
+              for r in stack.runs]
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(killed, tmp_path / "st" / "stacks" / stack.name, callbacks=[StopAt(3)])
+    outcome = launch(s, tmp_path, progress=False, stack=2)
+    assert sorted(outcome["finished"]) == sorted(r.name for r in s.runs) and not outcome["failed"]
+    log = (tmp_path / "st" / "stacks" / f"{stack.name}.log").read_text()
+    assert f"resuming from {tmp_path / 'st' / 'stacks' / stack.name / 'checkpoint-3'}\n" in log
+    for r in stack.runs:
+        record = json.loads((runs_dir / r.name / "run.json").read_text())
+        assert record["stack"]["size"] == 2
+    again = launch(s, tmp_path, progress=False, stack=2)
+    assert again["finished"] == [] and len(again["skipped"]) == 3
+    with pytest.raises(ConfigError, match="stack"):
+        launch(s, tmp_path, progress=False, stack=0)
