@@ -144,9 +144,33 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from .reports.report import markdown_table, write_report
 
+    if args.results:
+        return _report_results(args)
+    if args.check or args.update:
+        raise MechEvalError("--check and --update go with --results DIR")
+    if not args.runs:
+        raise MechEvalError("give run directories, or --results DIR")
     result = write_report(args.runs, args.out)
     print(markdown_table(result["rows"]), end="")
     print(f"report: {args.out}/report.md")
+    return 0
+
+
+def _report_results(args: argparse.Namespace) -> int:
+    from .reports.reproduction import check_document, update_document, write_results_report
+
+    if args.runs:
+        raise MechEvalError("give either run directories or --results DIR, not both")
+    made = write_results_report(args.results)
+    print(f"{len(made['figures'])} figures and {args.results}/claims.md written from {args.results}/*/runs.json")
+    if args.update:
+        print(f"updated tables in {args.update}: {', '.join(update_document(args.update, made['tables'])) or 'none'}")
+    if args.check:
+        stale = check_document(args.check, made["tables"])
+        if stale:
+            print(f"{args.check}: tables differ from {args.results}: {', '.join(stale)}", file=sys.stderr)
+            return 1
+        print(f"{args.check}: every table matches {args.results}")
     return 0
 
 
@@ -282,8 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep = commands.add_parser("report", help="tables and figures from run directories",
                               description="Accuracy, restoration @key/@value/@query at the last layer's input and "
                                           "mechanism labels of runs, as report.md, CSV/JSON and figures.")
-    rep.add_argument("runs", nargs="+", help="run directories (evaluated ones include intervention results)")
+    rep.add_argument("runs", nargs="*", help="run directories (evaluated ones include intervention results)")
     rep.add_argument("--out", default="runs/report", help="output folder (default runs/report)")
+    rep.add_argument("--results", metavar="DIR",
+                     help="instead of runs: regenerate the figures and claims.md of a results folder (REPRODUCTION.md's "
+                          "results/) from its <sweep>/runs.json")
+    rep.add_argument("--check", metavar="DOC", help="with --results: exit 1 if DOC's generated tables differ")
+    rep.add_argument("--update", metavar="DOC", help="with --results: rewrite DOC's generated tables")
     rep.set_defaults(func=_report)
 
     qs = commands.add_parser("quickstart", help="train 8 models on a reduced AR setting, run the interventions, report",

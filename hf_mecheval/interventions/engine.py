@@ -10,7 +10,9 @@ For a batch of (clean, corrupted) document pairs it runs
    replaces the site's activation at that row's position by the clean one.
 
 So the grid costs one forward of the late layers per (site, position set) instead of one full
-forward per cell. Models expose the backbone protocol of ``MechEvalForCausalLM``:
+forward per cell. Exact shortcuts: a patch after the query (or nowhere) leaves the corrupted
+prediction; ``layers.L.output`` is patched as ``layers.{L+1}.input`` (the same tensor), and the
+last layer's output needs no layer at all. Models expose the backbone protocol of ``MechEvalForCausalLM``:
 ``model.model.embed``, ``model.model.layers`` (blocks taking and returning the residual stream),
 ``model.model.norm_f``, ``model.lm_head``, and ``get_site(name)``.
 """
@@ -81,20 +83,20 @@ class InterventionEngine:
     # ------------------------------------------------------------------ patching
     @torch.no_grad()
     def patched_final(self, site: str, base_input: torch.Tensor, positions: torch.Tensor,
-                      source: torch.Tensor) -> torch.Tensor:
+                      source: torch.Tensor, source_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Run from the layer of ``site`` with the site's activation replaced at given positions.
 
         base_input: (R, L, D) residual entering layer(site) in the base (corrupted) run.
         positions:  (R, k) positions to patch in each row (k >= 1; -1 = none).
         source:     (S, L, ...) the site's activation in the source (clean) run; row r takes its
-                    values from source row r % S (so R = P * S rows can share one source batch
-                    without copying it P times).
+                    values from source row ``source_rows[r]`` (R,), default r % S (so rows can
+                    share one source batch without copying it per row).
         Returns the final residual (R, L, D).
         """
         rows = torch.arange(base_input.shape[0], device=base_input.device)[:, None].expand_as(positions)
         valid = positions >= 0
         r_idx, p_idx = rows[valid], positions[valid]
-        s_idx = r_idx % source.shape[0]
+        s_idx = source_rows[r_idx] if source_rows is not None else r_idx % source.shape[0]
 
         def patch(module, inputs, output):
             output = output.clone()
@@ -127,12 +129,30 @@ class InterventionEngine:
                "p_patched": {}}
         names = list(positions)
         B = clean_ids.shape[0]
-        stacked = torch.stack([positions[n] for n in names])                    # (P, B)
+        stacked = torch.stack([positions[n] for n in names]).reshape(-1)        # (P*B,) name-major
+        # Every mixer is causal: a patch after the query (the answer position) or nowhere (-1)
+        # cannot change the prediction at the query, which stays the corrupted run's. Only the
+        # other (position name, example) rows are run.
+        example = torch.arange(B, device=stacked.device).repeat(len(names))     # (P*B,)
+        live = (stacked >= 0) & (stacked <= query_pos[example])
+        rows = live.nonzero()[:, 0]
         for site in sites:
             layer = site_layer(site)
-            # one row per (position name, example): all positions of this site in one batch
-            base = corrupt[f"layers.{layer}.input"].repeat(len(names), 1, 1)              # (P*B, L, D)
-            final = self.patched_final(site, base, stacked.reshape(-1, 1), clean[site])
-            p, _, _ = self.answer_probs(final, query_pos.repeat(len(names)), answer.repeat(len(names)))
+            p = p_corrupt[example].clone()                                      # (P*B,)
+            if len(rows):
+                src = example[rows]
+                if site == f"layers.{n_layers - 1}.output":
+                    # the last block's output is the final residual: patch it, no layer to run
+                    final = final_corrupt[src].clone()
+                    final[torch.arange(len(rows)), stacked[rows]] = clean[site][src, stacked[rows]]
+                else:
+                    # layers.L.output is exactly what block L+1 receives: patching it means
+                    # patching layers.{L+1}.input, which runs one block fewer
+                    start, target = ((layer + 1, f"layers.{layer + 1}.input") if site == f"layers.{layer}.output"
+                                     else (layer, site))
+                    # one row per live (position name, example): all positions of this site in one batch
+                    base = corrupt[f"layers.{start}.input"][src]                            # (R, L, D)
+                    final = self.patched_final(target, base, stacked[rows, None], clean[site], src)
+                p[rows] = self.answer_probs(final, query_pos[src], answer[src])[0]
             out["p_patched"][site] = {n: p[i * B:(i + 1) * B] for i, n in enumerate(names)}
         return out

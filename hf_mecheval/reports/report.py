@@ -4,8 +4,9 @@ Each run directory holds ``run.json`` and ``metrics.json`` (from ``mecheval trai
 ``mecheval evaluate`` ran, ``interventions/interventions.json``. Outputs (``--out``):
 
 * ``runs.csv`` / ``runs.json`` — one row per run: architecture, label, width, layers, task,
-  learning rate, accuracies, restoration @key/@value/@query at the last layer's input (key
-  corrupted), mechanism label and confidence;
+  learning rate, seed, accuracies, training time, restoration @key/@value/@query at the last
+  layer's input (key corrupted), mechanism label and confidence (runs.json also: restoration at
+  every layer's input and at the mixers' inner sites);
 * ``accuracy.png`` — test accuracy per run, or against width when several widths exist;
 * ``scatter_value_query.png`` / ``scatter_query_key.png`` — the mechanism plane of the paper;
 * ``layers.png`` — restoration at every layer's input (rows: runs; columns: layer x position);
@@ -30,6 +31,14 @@ from .evaluate_run import format_score, last_layer_summary  # noqa: E402
 from .plots import save_figure  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
+COMPONENTS = ("mixer.conv_output", "mixer.state", "mixer_output")
+
+
+def _train_seconds(run_dir: Path) -> float | None:
+    """Wall time of training (the Trainer's train_runtime; a stacked copy shows its stack's)."""
+    history = json.loads((run_dir / "metrics.json").read_text()).get("history", [])
+    times = [e["train_runtime"] for e in history if "train_runtime" in e]
+    return times[-1] if times else None
 
 
 def run_label(record: dict) -> str:
@@ -56,7 +65,9 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
                "hidden_size": model.get("hidden_size"), "layers": model.get("num_hidden_layers"),
                "conv_kernel": model.get("conv_kernel", model.get("short_conv_kernel")),
                "task": record["task"]["preset"], "learning_rate": record["training"].get("learning_rate"),
-               "validation_accuracy": final["validation_accuracy"], "test_accuracy": final["test_accuracy"]}
+               "seed": record["training"].get("seed"),
+               "validation_accuracy": final["validation_accuracy"], "test_accuracy": final["test_accuracy"],
+               "train_seconds": _train_seconds(run_dir)}
         path = run_dir / "interventions" / "interventions.json"
         if path.exists():
             result = json.loads(path.read_text())
@@ -67,6 +78,9 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
             n_layers = max(c["layer"] for c in result["corruptions"]["key"]["cells"]) + 1
             row["layer_scores"] = {f"layers.{l}.input@{p}": by[(f"layers.{l}.input", p)]["restoration"]
                                    for l in range(n_layers) for p in POSITIONS if (f"layers.{l}.input", p) in by}
+            # inside the mixer (short-conv output, recurrent state, mixer output), key corrupted
+            row["component_scores"] = {f"{site}@{p}": c["restoration"] for (site, p), c in by.items()
+                                       if p in POSITIONS and site.split(".", 2)[2] in COMPONENTS}
         rows.append(row)
     return rows
 
@@ -151,7 +165,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-m
     if not rows:
         raise MechEvalError("no runs to report")
     made = figures(rows, out)
-    flat = [{k: v for k, v in r.items() if k != "layer_scores"} for r in rows]
+    flat = [{k: v for k, v in r.items() if k not in ("layer_scores", "component_scores")} for r in rows]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(flat[0]))
     writer.writeheader()

@@ -102,3 +102,35 @@ def test_bad_input():
         run_grid(model, TASK, d, progress=False)
     with pytest.raises(MechEvalError, match="not an hf-mecheval model"):
         InterventionEngine(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("arch", ["transformer", "mamba"])
+def test_every_cell_equals_a_full_forward_with_one_hook(arch):
+    # a second, naive implementation: for each cell, the whole corrupted forward with a hook that
+    # writes the clean activation at the position (covers the engine's shortcuts: outputs patched
+    # as the next layer's input, the last output without any layer, positions after the query)
+    torch.manual_seed(0)
+    extra = {"max_position_embeddings": 16} if arch == "transformer" else {}
+    model = build_model(arch, vocab_size=TASK.vocab_size, hidden_size=16, **extra).eval()
+    engine = InterventionEngine(model)
+    d, ids, broken, col = _batch(model, n=6)
+    names = ("key", "value", "query", "answer")
+    sites = model.site_names()
+    ours = engine.run(ids, broken, {p: col(f"{p}_pos") for p in names}, col("query_pos"), col("answer"), sites)
+    _, clean = engine.cache(ids, sites)
+    rows = torch.arange(len(ids))
+    for site in sites:
+        for name in names:
+            pos = col(f"{name}_pos")
+
+            def hook(module, inputs, output, site=site, pos=pos):
+                output = output.clone()
+                output[rows, pos] = clean[site][rows, pos]
+                return output
+
+            handle = model.get_site(site).register_forward_hook(hook)
+            with torch.no_grad():
+                logits = model(broken).logits
+            handle.remove()
+            p = torch.softmax(logits[rows, col("query_pos")], -1)[rows, col("answer")]
+            assert torch.allclose(ours["p_patched"][site][name], p, atol=1e-5), (site, name)

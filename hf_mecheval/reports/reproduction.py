@@ -1,0 +1,223 @@
+"""The tables and figures of REPRODUCTION.md, regenerated from the committed ``results/`` folder.
+
+    mecheval report --results results            # figures + results/claims.md from the JSON
+    mecheval report --results results --check REPRODUCTION.md   # exit 1 if its tables are stale
+
+``results/<sweep>/runs.json`` are the rows ``mecheval report`` writes for a sweep's run
+directories (``hf_mecheval.reports.report.collect_runs``): one per run, with accuracies,
+training time, restoration at every layer's input and at the mixers' inner sites. Every table
+below is a pure function of those rows, so the numbers in REPRODUCTION.md can be checked
+against the JSON (``check_document``; a test does it). REPRODUCTION.md marks each table as
+
+    <!-- table:claim1 -->
+    ...generated markdown...
+    <!-- /table:claim1 -->
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from ..errors import MechEvalError
+from ..io_utils import write_text_atomic
+from .evaluate_run import format_score
+from .report import figures
+
+SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr")
+
+
+def load_results(results_dir: str | Path) -> dict[str, list[dict]]:
+    results_dir = Path(results_dir)
+    out = {}
+    for sweep in SWEEPS:
+        path = results_dir / sweep / "runs.json"
+        if path.exists():
+            out[sweep] = json.loads(path.read_text())
+    if not out:
+        raise MechEvalError(f"{results_dir} holds no <sweep>/runs.json (expected one of {', '.join(SWEEPS)})")
+    return out
+
+
+# ---------------------------------------------------------------------------------- helpers
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return float("nan"), float("nan")
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, sd
+
+
+def _pct(values: list[float]) -> str:
+    mean, sd = _mean_sd(values)
+    if math.isnan(mean):
+        return "n/a"
+    return f"{100 * mean:.1f} ± {100 * sd:.1f}" if len(values) > 1 else f"{100 * mean:.1f}"
+
+
+def _score(values: list) -> str:
+    mean, sd = _mean_sd(values)
+    if math.isnan(mean):
+        return "n/a"
+    return f"{format_score(mean)} ± {sd:.2f}" if len(values) > 1 else format_score(mean)
+
+
+def _mechanisms(rows: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.get("mechanism") or "n/a"] = counts.get(r.get("mechanism") or "n/a", 0) + 1
+    return ", ".join(f"{m} ×{n}" if n > 1 else m for m, n in sorted(counts.items()))
+
+
+def _groups(rows: list[dict], task: str | None = None) -> dict[str, list[dict]]:
+    """Rows by label (architecture and short-conv width), in a stable order."""
+    out: dict[str, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: (r["label"], r.get("seed") or 0)):
+        if task is None or r["task"] == task:
+            out.setdefault(r["label"], []).append(r)
+    return out
+
+
+def _table(head: list[str], lines: list[list[str]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return "\n".join(out)
+
+
+def _accuracy_mechanism_table(groups: dict[str, list[dict]]) -> str:
+    lines = []
+    for label, rows in groups.items():
+        lines.append([label, str(len(rows)), _pct([r["test_accuracy"] for r in rows]),
+                      _score([r.get("@key") for r in rows]), _score([r.get("@value") for r in rows]),
+                      _score([r.get("@query") for r in rows]), _mechanisms(rows)])
+    return _table(["model", "seeds", "test accuracy (%)", "@key", "@value", "@query", "mechanism"], lines)
+
+
+def _conv_order(label: str) -> tuple:
+    match = re.search(r"conv (\w+)", label)
+    width = match.group(1) if match else "3"
+    return (label.split(" ")[0], 99 if width == "long" else int(width))
+
+
+# ---------------------------------------------------------------------------------- claims
+def claim_tables(results: dict[str, list[dict]]) -> dict[str, str]:
+    """Markdown table per claim (only those whose sweeps are present)."""
+    tables = {}
+    ar = results.get("cpu_ar", [])
+    atr = results.get("cpu_atr", [])
+    if ar:
+        groups = _groups(ar)
+        lines = [[label, str(len(rows)), _pct([r["validation_accuracy"] for r in rows]),
+                  _pct([r["test_accuracy"] for r in rows]),
+                  ", ".join(f"{100 * r['test_accuracy']:.1f}" for r in rows)] for label, rows in groups.items()]
+        tables["claim1"] = _table(["model", "seeds", "validation accuracy (%)", "test accuracy (%)",
+                                   "per seed (%)"], lines)
+        tables["claim2"] = _accuracy_mechanism_table(groups)
+        mamba = {label: rows for label, rows in groups.items() if label.startswith("mamba")}
+        lines = []
+        for label, rows in mamba.items():
+            n_layers = rows[0]["layers"]
+            for layer in range(n_layers):
+                for site, name in (("mixer.conv_output", "short-conv output"), ("mixer.state", "SSM state"),
+                                   ("mixer_output", "mixer output")):
+                    key = f"layers.{layer}.{site}"
+                    vals = {p: [r.get("component_scores", {}).get(f"{key}@{p}") for r in rows]
+                            for p in ("key", "value", "query")}
+                    if all(v is None for v in vals["key"]):
+                        continue
+                    lines.append([label, str(layer), name] + [_score(vals[p]) for p in ("key", "value", "query")])
+        if lines:
+            tables["claim4"] = _table(["model", "layer", "site (key corrupted)", "@key", "@value", "@query"], lines)
+    ablation_rows = [r for r in ar + results.get("cpu_ablations", []) if r["architecture"] in ("mamba", "based")]
+    if results.get("cpu_ablations"):
+        groups = _groups(ablation_rows)
+        lines = [[label, str(len(rows)), _pct([r["test_accuracy"] for r in rows]),
+                  _score([r.get("@key") for r in rows]), _score([r.get("@value") for r in rows]),
+                  _score([r.get("@query") for r in rows]), _mechanisms(rows)]
+                 for label, rows in sorted(groups.items(), key=lambda kv: _conv_order(kv[0]))]
+        tables["claim3"] = _table(["model (short-conv width)", "seeds", "test accuracy (%)", "@key", "@value",
+                                   "@query", "mechanism"], lines)
+    if atr:
+        tables["claim5"] = _accuracy_mechanism_table(_groups(atr, "atr_easy"))
+        mamba = {label: rows for task in ("atr_easy", "atr_gen") for label, rows in _groups(atr, task).items()
+                 if label.startswith("mamba")}
+        lines = []
+        for task in ("atr_easy", "atr_gen"):
+            for label, rows in _groups(atr, task).items():
+                if label.startswith("mamba"):
+                    lines.append([task, label, _pct([r["test_accuracy"] for r in rows]), _score([r.get("@key") for r in rows]),
+                                  _score([r.get("@value") for r in rows]), _score([r.get("@query") for r in rows]),
+                                  _mechanisms(rows)])
+        if mamba:
+            tables["claim6"] = _table(["task", "model", "test accuracy (%)", "@key", "@value", "@query", "mechanism"],
+                                      lines)
+        gen = _groups(atr, "atr_gen")
+        lines = []
+        for label, rows in gen.items():
+            easy = _groups(atr, "atr_easy").get(label, [])
+            lines.append([label, _pct([r["validation_accuracy"] for r in rows]), _pct([r["test_accuracy"] for r in rows]),
+                          _pct([r["test_accuracy"] for r in easy]) if easy else "n/a"])
+        if lines:
+            tables["claim8"] = _table(["model", "ATR-gen validation (%)", "ATR-gen test: held-out pairs (%)",
+                                       "ATR easy test (%)"], lines)
+    delta = [(task, rows) for name, rs in (("AR", ar), ("ATR easy", [r for r in atr if r["task"] == "atr_easy"]))
+             for task, rows in [(name, [r for r in rs if r["architecture"] == "deltanet"])] if rows]
+    if delta:
+        lines = [[task, str(len(rows)), _pct([r["test_accuracy"] for r in rows]), _score([r.get("@key") for r in rows]),
+                  _score([r.get("@value") for r in rows]), _score([r.get("@query") for r in rows]), _mechanisms(rows)]
+                 for task, rows in delta]
+        tables["claim7"] = _table(["task", "seeds", "test accuracy (%)", "@key", "@value", "@query", "mechanism"],
+                                  lines)
+    compute = []
+    for sweep, rows in results.items():
+        seconds = sum(r.get("train_seconds") or 0 for r in rows)
+        compute.append([sweep, str(len(rows)), f"{seconds / 60:.1f}"])
+    tables["compute"] = _table(["sweep", "runs", "training wall time (min, 2-core CPU)"], compute)
+    return tables
+
+
+# ---------------------------------------------------------------------------------- outputs
+def write_results_report(results_dir: str | Path) -> dict:
+    """Figures for every sweep folder and results/claims.md, all from the committed JSON."""
+    results_dir = Path(results_dir)
+    results = load_results(results_dir)
+    made = []
+    for sweep, rows in results.items():
+        made += [str(p) for p in figures(rows, results_dir / sweep)]
+    tables = claim_tables(results)
+    body = ["# Claim tables (generated by `mecheval report --results results`)", ""]
+    for name, table in tables.items():
+        body += [f"## {name}", "", table, ""]
+    write_text_atomic(results_dir / "claims.md", "\n".join(body), overwrite=True)
+    return {"figures": made, "tables": tables}
+
+
+def _block(name: str) -> re.Pattern:
+    return re.compile(rf"<!-- table:{name} -->\n(.*?)\n<!-- /table:{name} -->", re.S)
+
+
+def check_document(document: str | Path, tables: dict[str, str]) -> list[str]:
+    """Names of the tables whose block in ``document`` differs from the generated one (or is missing)."""
+    text = Path(document).read_text()
+    stale = []
+    for name, table in tables.items():
+        match = _block(name).search(text)
+        if match is None or match.group(1).strip() != table.strip():
+            stale.append(name)
+    return stale
+
+
+def update_document(document: str | Path, tables: dict[str, str]) -> list[str]:
+    """Rewrite the table blocks of ``document`` from ``tables``; returns the names it replaced."""
+    path = Path(document)
+    text = path.read_text()
+    replaced = []
+    for name, table in tables.items():
+        pattern = _block(name)
+        if pattern.search(text):
+            text = pattern.sub(lambda m, n=name, t=table: f"<!-- table:{n} -->\n{t}\n<!-- /table:{n} -->", text)
+            replaced.append(name)
+    write_text_atomic(path, text, overwrite=True)
+    return replaced
