@@ -61,7 +61,7 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
         except (OSError, json.JSONDecodeError, KeyError):
             raise MechEvalError(f"{run_dir} is not a finished run (run.json and metrics.json are needed)") from None
         model = record["model"]
-        row = {"run": str(run_dir), "label": run_label(record), "architecture": model.get("architecture"),
+        row = {"run": run_dir.resolve().name, "label": run_label(record), "architecture": model.get("architecture"),
                "hidden_size": model.get("hidden_size"), "layers": model.get("num_hidden_layers"),
                "conv_kernel": model.get("conv_kernel", model.get("short_conv_kernel")),
                "task": record["task"]["preset"], "learning_rate": record["training"].get("learning_rate"),
