@@ -11,8 +11,9 @@ A wider check of where the time goes: ``--batch-scaling`` also times one ordinar
 32 and batch 32*K. If K-fold work costs nearly K-fold time in a single model, the step is
 compute-bound and stacking cannot buy much on this machine, whatever its implementation.
 
-On a GPU, ``--runs-per-hour`` reports runs per hour of the AR sweep (hidden <= 256) with the
-largest stack that fits vs one run at a time.
+``--runs-per-hour`` (meant for a GPU) reports runs per hour of the AR recipe at hidden 64 / 128 /
+256 for stacks of 1, 2, 4, ... copies, up to ``--max-stack`` or the first that does not fit, and
+the best stack's gain over one run at a time.
 
     python benchmarks/bench_stacked.py [--hidden 64] [--copies 5] [--steps 8] [--rounds 3] [--only mamba]
 """
@@ -89,6 +90,37 @@ def batch_scaling(arch: str, d: int, K: int, steps: int, data) -> float:
     return timed(step, big, steps) / small_t
 
 
+def runs_per_hour(arch: str, d: int, steps: int, data, device, max_stack: int) -> list[tuple[int, float]]:
+    """(K, runs per hour of the reference AR recipe: 100 032 documents x 16 epochs at batch 32)
+    for K = 1, 2, 4, ... up to ``max_stack`` or the first K that does not fit in memory."""
+    steps_per_run = -(-100_032 // BATCH) * 16
+    out, K = [], 1
+    data = [(i.to(device), l.to(device)) for i, l in data]
+    while K <= max_stack:
+        try:
+            models = []
+            for k in range(K):
+                torch.manual_seed(k)
+                models.append(ours(arch, d).to(device))
+            stacked = StackedCausalLM(models).to(device)
+            del models
+            opt = StackedAdamW(stacked.named_stacked_parameters(), [1e-3] * K)
+            step = lambda i, l: stacked_step(stacked, opt, i, l)          # noqa: E731
+            step(*data[0])
+            if device == "cuda":
+                torch.cuda.synchronize()
+            seconds = timed(lambda i, l: (step(i, l), torch.cuda.synchronize() if device == "cuda" else None),
+                            data, steps)
+        except torch.OutOfMemoryError:
+            break
+        out.append((K, 3600 * K / (seconds * steps_per_run)))
+        del stacked, opt
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        K *= 2
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=64)
@@ -98,11 +130,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--batch-scaling", action="store_true")
+    parser.add_argument("--runs-per-hour", action="store_true",
+                        help="runs per hour of the AR recipe at hidden 64/128/256, stacks of 1, 2, 4, ... (GPU)")
+    parser.add_argument("--max-stack", type=int, default=64)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     data = batches(args.steps)
     archs = args.only or list(MODEL_CLASSES)
+    if args.runs_per_hour:
+        print(f"runs per hour of the AR recipe (50 016 steps of batch {BATCH}), {device}; stack size K")
+        for arch in archs:
+            for d in (64, 128, 256):
+                figures = runs_per_hour(arch, d, args.steps, data, device, args.max_stack)
+                best = max(figures, key=lambda f: f[1])
+                print(f"{arch:<12} hidden {d:>3}: " + ", ".join(f"K={k}: {r:.1f}" for k, r in figures)
+                      + f"  -> K={best[0]} gives {best[1] / figures[0][1]:.1f}x one run at a time", flush=True)
+        return
     print(f"K = {args.copies} runs, hidden {args.hidden}, batch {BATCH}, {device}, {args.threads} threads; "
           f"ms per optimizer step of all K runs (median over {args.rounds} rounds x {args.steps} steps)")
     print(f"{'architecture':<12} {'sequential':>11} {'stacked':>9} {'throughput':>11}"

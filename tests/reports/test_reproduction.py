@@ -3,7 +3,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.reports.reproduction import check_document, claim_tables, load_results, update_document
