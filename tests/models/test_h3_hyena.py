@@ -3,6 +3,7 @@ patchable state trajectory."""
 import pytest
 import torch
 
+from hf_mecheval.models import build_model
 from hf_mecheval.models.configuration_mecheval import H3Config, HyenaConfig
 from hf_mecheval.models.mixers.h3 import H3
 from hf_mecheval.models.mixers.hyena import HyenaOperator
@@ -106,3 +107,16 @@ def test_h3_state_patch_propagates():
         q = m.q_proj(x[:, p:])
         expected = m._contract(q, ds) @ m.out_proj.weight.T
     torch.testing.assert_close(y_patched[:, p:] - y[:, p:], expected, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("L", [1, 2, 7, 37, 100])
+def test_h3_kernel_by_repeated_products_equals_closed_form(L):
+    torch.manual_seed(0)
+    mixer = build_model("h3", vocab_size=11, hidden_size=16, d_state=32).double().model.layers[0].mixer
+    fast, slow = mixer.ssm_kernel(L), mixer.ssm_kernel_reference(L)
+    assert fast.shape == slow.shape == (mixer.channels, L)
+    assert torch.allclose(fast, slow, atol=1e-12)
+    w = torch.randn_like(fast)
+    grads = [torch.autograd.grad((k * w).sum(), [mixer.A_log, mixer.log_dt, mixer.B, mixer.C]) for k in (fast, slow)]
+    for g_fast, g_slow in zip(*grads):
+        assert torch.allclose(g_fast, g_slow, atol=1e-10)
