@@ -278,6 +278,9 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     for m in members:
         validate(*m.args)
     check_compatible(members)
+    if members[0].training.world_size > 1:
+        raise ConfigError("stack", "a stacked run is one process; spread stacks over several GPUs or machines with "
+                                   "the sweep launchers (mecheval sweep --launcher local --workers N, or --launcher ray)")
     stack_dir = Path(stack_dir)
     model_args, data_args, run_args, first_training = members[0].args
     checkpoint = _prepare_stack_dir(stack_dir, members, resume, overwrite)
