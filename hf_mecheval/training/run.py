@@ -200,7 +200,11 @@ def run_trainer(trainer: Trainer, checkpoint: str | None) -> None:
 def parse(argv: Sequence[str]):
     """Arguments from the command line; a leading .yaml/.json file supplies defaults that later
     flags override. Unknown keys in the file or on the command line are errors."""
-    parser = HfArgumentParser(ARGUMENT_TYPES, allow_abbrev=False)
+    parser = HfArgumentParser(
+        ARGUMENT_TYPES, allow_abbrev=False,
+        description="Train one model into a run directory. A stacked run (several runs that differ only in "
+                    "learning rate and seed, trained together) is started instead with: --stack STACK.json "
+                    "[--resume | --overwrite]; see hf_mecheval/training/stacked.py.")
     argv = list(argv)
     if argv and argv[0].endswith((".yaml", ".yml", ".json")):
         path = Path(argv.pop(0))
