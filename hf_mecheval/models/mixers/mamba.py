@@ -121,6 +121,7 @@ class SelectiveScan(torch.autograd.Function):
         x, dt, A, B, C, workspace = inputs
         y, dtx, dA, H = output
         ctx.mark_non_differentiable(dtx, dA, H)
+        ctx.set_materialize_grads(False)     # else autograd fills zero gradients for dtx, dA, H
         ctx.save_for_backward(x, dt, A, B, C, dtx, dA, H)
         ctx.workspace = workspace
         if workspace is not None and torch.is_grad_enabled():
@@ -129,6 +130,10 @@ class SelectiveScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, *unused):
         x, dt, A, B, C, dtx, dA, H = ctx.saved_tensors
+        if gy is None:                       # y did not reach the loss
+            if ctx.workspace is not None:
+                ctx.workspace.busy = False
+            return None, None, None, None, None, None
         ws = ctx.workspace
         gy = gy.contiguous()
         G = ws.get("G", H.shape, H) if ws is not None else torch.empty_like(H)
