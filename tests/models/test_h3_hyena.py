@@ -120,3 +120,15 @@ def test_h3_kernel_by_repeated_products_equals_closed_form(L):
     grads = [torch.autograd.grad((k * w).sum(), [mixer.A_log, mixer.log_dt, mixer.B, mixer.C]) for k in (fast, slow)]
     for g_fast, g_slow in zip(*grads):
         assert torch.allclose(g_fast, g_slow, atol=1e-10)
+
+
+def test_power_sum_taps_gradients():
+    from hf_mecheval.models.mixers.h3 import PowerSumTaps
+
+    g = torch.Generator().manual_seed(0)
+    for L in (1, 2, 9):
+        w = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        a = (0.2 + 0.7 * torch.rand(3, 4, generator=g, dtype=torch.float64)).requires_grad_()
+        assert torch.autograd.gradcheck(lambda w, a: PowerSumTaps.apply(w, a, L), (w, a))
+        closed = (w[..., None] * a[..., None] ** torch.arange(L, dtype=a.dtype)).sum(1)
+        assert torch.allclose(PowerSumTaps.apply(w, a, L), closed, atol=1e-12)
