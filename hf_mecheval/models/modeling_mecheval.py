@@ -79,10 +79,16 @@ class Block(nn.Module):
         # r: (B, L, D) residual stream. keep: (B, k) positions; when given (last block, training),
         # the MLP runs at those positions only and the block returns (B, k, D): the mixer mixes
         # along the sequence, but the MLP is per position and nothing later reads other positions.
+        # A mixer with ``accepts_keep`` (attention) also computes its output there only.
         r = self.input(r)
-        r = r + self.mixer_output(self.mixer(self.mixer_input(self.mixer_norm(r))))
-        if keep is not None:
-            r = r.gather(1, keep[..., None].expand(-1, -1, r.shape[-1]))
+        x = self.mixer_input(self.mixer_norm(r))
+        if keep is not None and getattr(self.mixer, "accepts_keep", False):
+            # the mixer computes its output at the kept positions only (attention: queries there)
+            r = r.gather(1, keep[..., None].expand(-1, -1, r.shape[-1])) + self.mixer_output(self.mixer(x, keep=keep))
+        else:
+            r = r + self.mixer_output(self.mixer(x))
+            if keep is not None:
+                r = r.gather(1, keep[..., None].expand(-1, -1, r.shape[-1]))
         if self.mlp is not None:
             r = r + self.mlp_output(self.mlp(self.mlp_input(self.mlp_norm(r))))
         return self.output(r)

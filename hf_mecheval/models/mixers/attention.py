@@ -34,14 +34,32 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return q, k, v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    accepts_keep = True
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D); with keep (B, k) positions, the output at those positions only
+        (B, k, D): queries (and the output projection) there, keys and values everywhere."""
         B, L, D = x.shape
+        if keep is not None:
+            return self._forward_at(x, keep)
         q, k, v = self._heads(x)
         if self.functional_path:
             y = causal_softmax_attention(q, k, v)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, L, hd)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
+
+    def _forward_at(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        n, H, hd = keep.shape[1], self.num_heads, self.head_dim
+        w_q, w_kv = self.qkv.weight.split([D, 2 * D])
+        x_q = x.gather(1, keep[..., None].expand(-1, -1, D))                     # (B, k, D)
+        q = F.linear(x_q, w_q).view(B, n, H, hd).transpose(1, 2)                 # (B, H, k, hd)
+        k, v = F.linear(x, w_kv).view(B, L, 2, H, hd).permute(2, 0, 3, 1, 4)     # (B, H, L, hd) each
+        visible = torch.arange(L, device=x.device) <= keep[:, None, :, None]     # (B, 1, k, L)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(hd)                         # (B, H, k, L)
+        y = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
+        return self.out_proj(y.transpose(1, 2).reshape(B, n, D))
 
     def step(self, x_t: torch.Tensor, state):
         """state: (keys, values) so far, each (B, H, t, hd)."""
