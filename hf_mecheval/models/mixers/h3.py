@@ -182,13 +182,23 @@ class H3(nn.Module):
             h = rerun_from_patched_states(h, patched, lambda t, e: a * e)
         return (h * C).sum(-1) + D * u                    # (B, L, D*P)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    accepts_keep = True
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D); with keep (B, k) positions (the answer-only training path,
+        nothing observing the layer), the output at those positions only, (B, k, D)."""
         L = x.shape[1]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)              # (B, L, D)
         k = self.conv_output(causal_conv(k, self.shift_kernel(L)))             # (B, L, D)
         u = self._outer(k, v)                                                  # (B, L, C)
         if self.state.wanted():
             s = self._ssm_via_states(u)
+        elif keep is not None:  # the long convolution evaluated at the kept positions only
+            lag = keep[:, :, None] - torch.arange(L, device=x.device)          # (B, k, L): p - t
+            taps = self.ssm_kernel(L).T[lag.clamp(min=0)] * (lag >= 0)[..., None]     # (B, k, L, C)
+            at = keep[..., None].expand(-1, -1, u.shape[-1])
+            s = (taps * u[:, None]).sum(2) + self._per_channel(self.D) * u.gather(1, at)   # (B, k, C)
+            q = q.gather(1, keep[..., None].expand(-1, -1, q.shape[-1]))       # (B, k, D)
         else:  # fast path: the SSM unrolled into one long convolution
             s = causal_conv(u, self.ssm_kernel(L)) + self._per_channel(self.D) * u   # (B, L, D*P)
         return self.out_proj(self._contract(q, s))
