@@ -22,7 +22,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 
 from ..errors import MechEvalError
 from . import configuration_mecheval as cfg
-from .mixers import mixer_class
+from .mixers import at_positions, mixer_class
 from .sites import Site
 
 IGNORE_INDEX = -100
@@ -79,16 +79,16 @@ class Block(nn.Module):
         # r: (B, L, D) residual stream. keep: (B, k) positions; when given (last block, training),
         # the MLP runs at those positions only and the block returns (B, k, D): the mixer mixes
         # along the sequence, but the MLP is per position and nothing later reads other positions.
-        # A mixer with ``accepts_keep`` (attention) also computes its output there only.
+        # A mixer with ``accepts_keep`` (attention, H3) also computes its output there only.
         r = self.input(r)
         x = self.mixer_input(self.mixer_norm(r))
         if keep is not None and getattr(self.mixer, "accepts_keep", False):
             # the mixer computes its output at the kept positions only (attention: queries there)
-            r = r.gather(1, keep[..., None].expand(-1, -1, r.shape[-1])) + self.mixer_output(self.mixer(x, keep=keep))
+            r = at_positions(r, keep) + self.mixer_output(self.mixer(x, keep=keep))
         else:
             r = r + self.mixer_output(self.mixer(x))
             if keep is not None:
-                r = r.gather(1, keep[..., None].expand(-1, -1, r.shape[-1]))
+                r = at_positions(r, keep)
         if self.mlp is not None:
             r = r + self.mlp_output(self.mlp(self.mlp_input(self.mlp_norm(r))))
         return self.output(r)
@@ -198,8 +198,9 @@ class MechEvalModel(MechEvalPreTrainedModel):
                 m.materialize = flag
 
     def use_functional_path(self, flag: bool = True) -> None:
-        """Make mixers avoid custom autograd functions and reused buffers (Mamba's fused scan), so
-        that ``torch.func`` transforms such as ``vmap`` can run the model (stacked training)."""
+        """Make mixers avoid what ``torch.func`` transforms such as ``vmap`` cannot batch (SDPA in
+        attention, H3's custom kernel function), so the model runs stacked. (Mamba's fused scan
+        has its own vmap rule.)"""
         for m in self.modules():
             if hasattr(m, "functional_path"):
                 m.functional_path = flag

@@ -2,7 +2,10 @@
 
 A mixer is an ``nn.Module`` built as ``Mixer(config, layer_idx)`` with
 
-* ``forward(x)``: (batch, length, hidden) -> (batch, length, hidden), causal;
+* ``forward(x)``: (batch, length, hidden) -> (batch, length, hidden), causal; a mixer whose
+  class sets ``accepts_keep = True`` also takes ``forward(x, keep=positions)`` ((batch, k)
+  positions) and returns its output at those positions only, (batch, k, hidden) — the last
+  block uses it on the answer-only training path;
 * ``step(x_t, state)``: the recurrent form for one token, (batch, hidden) -> (batch, hidden),
   with ``state=None`` at the start of a sequence; it returns ``(y_t, new_state)``. Running it
   over a sequence gives ``forward``'s outputs (tested for every mixer);
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 
+import torch
+
 _MIXER_PATHS = {
     "attention": "attention:CausalSelfAttention",
     "based": "based:BasedLinearAttention",
@@ -24,6 +29,11 @@ _MIXER_PATHS = {
     "mamba": "mamba:MambaMixer",
     "delta_net": "delta_net:DeltaNetMixer",
 }
+
+
+def at_positions(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """x (B, L, C), positions (B, k) -> x at those positions, (B, k, C)."""
+    return x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1]))
 
 
 def mixer_class(name: str):

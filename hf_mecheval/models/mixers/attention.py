@@ -8,15 +8,21 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import at_positions
 
-def causal_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd) + causal mask) v, written out; q, k, v (B, H, L, hd) -> (B, H, L, hd).
+
+def causal_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             positions: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + causal mask) v, written out. k, v (B, H, L, hd); q (B, H, Lq, hd)
+    for the queries at ``positions`` (B, Lq), default 0 .. L-1 -> (B, H, Lq, hd).
     What ``scaled_dot_product_attention(is_causal=True)`` computes (tested equal); used under
-    ``torch.func.vmap``, where SDPA would fall back to a loop over the vmapped dimension."""
-    L = q.shape[-2]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])                  # (B, H, L, L)
-    future = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1)
-    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+    ``torch.func.vmap``, where SDPA would fall back to a loop over the vmapped dimension, and for
+    queries at chosen positions."""
+    L = k.shape[-2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])                  # (B, H, Lq, L)
+    query_pos = torch.arange(L, device=q.device) if positions is None else positions[:, None, :]
+    visible = torch.arange(L, device=q.device) <= query_pos[..., None]          # (Lq, L) or (B, 1, Lq, L)
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
 
 
 class CausalSelfAttention(nn.Module):
@@ -53,12 +59,9 @@ class CausalSelfAttention(nn.Module):
         B, L, D = x.shape
         n, H, hd = keep.shape[1], self.num_heads, self.head_dim
         w_q, w_kv = self.qkv.weight.split([D, 2 * D])
-        x_q = x.gather(1, keep[..., None].expand(-1, -1, D))                     # (B, k, D)
-        q = F.linear(x_q, w_q).view(B, n, H, hd).transpose(1, 2)                 # (B, H, k, hd)
+        q = F.linear(at_positions(x, keep), w_q).view(B, n, H, hd).transpose(1, 2)   # (B, H, k, hd)
         k, v = F.linear(x, w_kv).view(B, L, 2, H, hd).permute(2, 0, 3, 1, 4)     # (B, H, L, hd) each
-        visible = torch.arange(L, device=x.device) <= keep[:, None, :, None]     # (B, 1, k, L)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(hd)                         # (B, H, k, L)
-        y = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
+        y = causal_softmax_attention(q, k, v, keep)                               # (B, H, k, hd)
         return self.out_proj(y.transpose(1, 2).reshape(B, n, D))
 
     def step(self, x_t: torch.Tensor, state):

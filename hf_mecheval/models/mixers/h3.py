@@ -35,6 +35,7 @@ from torch.nn import functional as F
 
 from ..convolutions import ShortConv, causal_conv
 from ..sites import Site, rerun_from_patched_states
+from . import at_positions
 
 
 class PowerSumTaps(torch.autograd.Function):
@@ -196,9 +197,8 @@ class H3(nn.Module):
         elif keep is not None:  # the long convolution evaluated at the kept positions only
             lag = keep[:, :, None] - torch.arange(L, device=x.device)          # (B, k, L): p - t
             taps = self.ssm_kernel(L).T[lag.clamp(min=0)] * (lag >= 0)[..., None]     # (B, k, L, C)
-            at = keep[..., None].expand(-1, -1, u.shape[-1])
-            s = (taps * u[:, None]).sum(2) + self._per_channel(self.D) * u.gather(1, at)   # (B, k, C)
-            q = q.gather(1, keep[..., None].expand(-1, -1, q.shape[-1]))       # (B, k, D)
+            s = (taps * u[:, None]).sum(2) + self._per_channel(self.D) * at_positions(u, keep)   # (B, k, C)
+            q = at_positions(q, keep)                                          # (B, k, D)
         else:  # fast path: the SSM unrolled into one long convolution
             s = causal_conv(u, self.ssm_kernel(L)) + self._per_channel(self.D) * u   # (B, L, D*P)
         return self.out_proj(self._contract(q, s))
