@@ -34,6 +34,7 @@ class PaddedTaskDataset(torch.utils.data.Dataset):
         return self.__getitems__([index])
 
     def __getitems__(self, indices) -> dict:
+        # indices: (b,) or any shape, e.g. (K, b) for stacked runs -> tensors (*shape, width)
         idx = torch.as_tensor(indices)
         width = int(self.lengths[idx].max())       # trim padding common to the whole batch
         return {"input_ids": self.input_ids[idx, :width], "labels": self.labels[idx, :width]}
@@ -92,10 +93,7 @@ class StackedTaskDataset(PaddedTaskDataset):
 
     def __getitems__(self, indices) -> dict:
         idx = torch.as_tensor(indices).view(self.num_copies, -1)                   # (K, b)
-        if bool((idx == idx[0]).all()):
-            return super().__getitems__(idx[0])
-        width = int(self.lengths[idx].max())
-        return {"input_ids": self.input_ids[idx, :width], "labels": self.labels[idx, :width]}
+        return super().__getitems__(idx[0] if bool((idx == idx[0]).all()) else idx)
 
 
 def batch_collator(batch):

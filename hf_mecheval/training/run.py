@@ -230,15 +230,17 @@ def as_flags(values: dict) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--stack"]:
-        return _stack_main(argv)
+    command = " ".join(map(shlex.quote, [sys.argv[0], *argv]))
     try:
-        try:
-            model_args, data_args, run_args, training_args = parse(argv)
-        except ValueError as exc:  # unknown keys in a config file or on the command line
-            raise MechEvalError(str(exc).splitlines()[0]) from None
-        final = train(model_args, data_args, run_args, training_args,
-                      command=" ".join(map(shlex.quote, [sys.argv[0], *argv])))
+        if argv[:1] == ["--stack"]:
+            result, main_process = _train_stack(argv, command), True
+        else:
+            try:
+                model_args, data_args, run_args, training_args = parse(argv)
+            except ValueError as exc:  # unknown keys in a config file or on the command line
+                raise MechEvalError(str(exc).splitlines()[0]) from None
+            result = train(model_args, data_args, run_args, training_args, command=command)
+            main_process = training_args.process_index == 0
     except MechEvalError as exc:
         print(f"mecheval train: error: {exc}", file=sys.stderr)
         return 2
@@ -247,34 +249,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mecheval train: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     _end_process_group()
-    if training_args.process_index == 0:
-        print(json.dumps(final, indent=2))
+    if main_process:
+        print(json.dumps(result, indent=2))
     return 0
 
 
-def _stack_main(argv: list[str]) -> int:
-    """--stack STACK.json [--resume | --overwrite]: a stacked run (see training/stacked.py)."""
+def _train_stack(argv: list[str], command: str) -> dict:
+    """--stack STACK.json [--resume | --overwrite]: a stacked run (see training/stacked.py);
+    returns each run's final metrics by name."""
     from .stacked import load_stack_file, train_stacked
 
     rest = argv[2:]
-    try:
-        if len(argv) < 2 or any(a not in ("--resume", "--overwrite") for a in rest):
-            raise MechEvalError("usage: --stack STACK.json [--resume | --overwrite]")
-        if {"--resume", "--overwrite"} <= set(rest):
-            raise MechEvalError("--resume and --overwrite exclude each other")
-        stack_dir, members = load_stack_file(argv[1], parse)
-        finals = train_stacked(members, stack_dir, resume="--resume" in rest, overwrite="--overwrite" in rest,
-                               command=" ".join(map(shlex.quote, [sys.argv[0], *argv])))
-    except MechEvalError as exc:
-        print(f"mecheval train: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"mecheval train: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 2
-    _end_process_group()
-    print(json.dumps({m.name: f for m, f in zip(members, finals)}, indent=2))
-    return 0
+    if len(argv) < 2 or any(a not in ("--resume", "--overwrite") for a in rest):
+        raise MechEvalError("usage: --stack STACK.json [--resume | --overwrite]")
+    if {"--resume", "--overwrite"} <= set(rest):
+        raise MechEvalError("--resume and --overwrite exclude each other")
+    stack_dir, members = load_stack_file(argv[1], parse)
+    finals = train_stacked(members, stack_dir, resume="--resume" in rest, overwrite="--overwrite" in rest,
+                           command=command)
+    return {m.name: f for m, f in zip(members, finals)}
 
 
 def _end_process_group() -> None:

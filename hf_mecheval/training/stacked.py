@@ -41,8 +41,8 @@ from ..models.stacked import StackedCausalLM
 from .arguments import validate
 from .data import PaddedTaskDataset, StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
-from .run import (MechEvalTrainer, _check_checkpoint, build_run_model, data_seed, finish_run, is_finished,
-                  load_task_splits, run_record, run_trainer)
+from .run import (MechEvalTrainer, _check_checkpoint, as_flags, build_run_model, data_seed, finish_run,
+                  is_finished, load_task_splits, run_record, run_trainer)
 
 PER_COPY_FIELDS = {"learning_rate", "seed", "data_seed", "output_dir", "resume", "overwrite"}
 
@@ -348,8 +348,6 @@ def load_stack_file(path: str | Path, parse) -> tuple[Path, list[Member]]:
     for i, run in enumerate(spec["runs"]):
         if not isinstance(run, dict) or set(run) != {"name", "output_dir", "args"}:
             raise ConfigError("runs", f"entry {i} of {path} must have exactly the keys name, output_dir, args")
-        from .run import as_flags
-
         try:
             parsed = parse(as_flags(run["args"]) + ["--output_dir", str(run["output_dir"])])
         except ValueError as exc:
