@@ -62,6 +62,9 @@ class Run:
     def flags(self) -> list[str]:
         return as_flags(self.args)
 
+    def run_names(self) -> list[str]:
+        return [self.name]
+
 
 @dataclasses.dataclass
 class Sweep:
@@ -143,6 +146,9 @@ class Stack:
     name: str
     runs: tuple[Run, ...]
 
+    def run_names(self) -> list[str]:
+        return [r.name for r in self.runs]
+
 
 def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> list[Run | Stack]:
     """Group runs that may share a stack (equal arguments but learning rate and seeds) into stacks
@@ -187,14 +193,17 @@ def stack_size_that_fits(args: dict, cap: int = 32) -> int:
 
 
 # ---------------------------------------------------------------------------------- launching
+def _restart_flags(checkpoint_dir: Path, *touched: Path) -> list[str]:
+    """--resume where a killed worker left a checkpoint; --overwrite where it started (any of the
+    directories exists) but never checkpointed: there is nothing to keep."""
+    if checkpoint_dir.exists() and any(checkpoint_dir.glob("checkpoint-*")):
+        return ["--resume"]
+    return ["--overwrite"] if any(d.exists() for d in (checkpoint_dir, *touched)) else []
+
+
 def _command(run: Run, run_dir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "hf_mecheval.training.run", *run.flags(), "--output_dir", str(run_dir),
-           "--disable_tqdm", "true"]
-    if run_dir.exists() and any(run_dir.glob("checkpoint-*")):
-        cmd.append("--resume")                  # left behind by a killed worker
-    elif run_dir.exists():
-        cmd.append("--overwrite")               # started but never checkpointed: nothing to keep
-    return cmd
+    return [sys.executable, "-m", "hf_mecheval.training.run", *run.flags(), "--output_dir", str(run_dir),
+            "--disable_tqdm", "true", *_restart_flags(run_dir)]
 
 
 def _stack_command(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
@@ -202,12 +211,8 @@ def _stack_command(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
             "runs": [{"name": r.name, "output_dir": str(runs_dir / r.name), "args": r.args} for r in stack.runs]}
     spec_path = stack_dir.parent / f"{stack.name}.json"
     write_text_atomic(spec_path, json.dumps(spec, indent=2, default=str) + "\n", overwrite=True)
-    cmd = [sys.executable, "-m", "hf_mecheval.training.run", "--stack", str(spec_path)]
-    if stack_dir.exists() and any(stack_dir.glob("checkpoint-*")):
-        cmd.append("--resume")                  # a killed stacked run
-    elif stack_dir.exists() or any((runs_dir / r.name).exists() for r in stack.runs):
-        cmd.append("--overwrite")               # started but never checkpointed: nothing to keep
-    return cmd
+    return [sys.executable, "-m", "hf_mecheval.training.run", "--stack", str(spec_path),
+            *_restart_flags(stack_dir, *(runs_dir / r.name for r in stack.runs))]
 
 
 def execute(job: Run | Stack, runs_dir: str, threads: int) -> dict:
@@ -219,12 +224,11 @@ def execute(job: Run | Stack, runs_dir: str, threads: int) -> dict:
     if isinstance(job, Stack):
         cmd = _stack_command(job, runs_dir, runs_dir.parent / "stacks" / job.name)
         log = runs_dir.parent / "stacks" / f"{job.name}.log"
-        members = [r.name for r in job.runs]
     else:
-        cmd, log, members = _command(job, runs_dir / job.name), runs_dir / f"{job.name}.log", [job.name]
+        cmd, log = _command(job, runs_dir / job.name), runs_dir / f"{job.name}.log"
     with open(log, "w") as handle:
         proc = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
-    return {"name": job.name, "runs": members, "returncode": proc.returncode, "log": str(log)}
+    return {"name": job.name, "runs": job.run_names(), "returncode": proc.returncode, "log": str(log)}
 
 
 def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int = 1, progress: bool = True,
@@ -279,8 +283,8 @@ def _launch_ray(todo, runs_dir, workers, threads, progress):
             try:
                 results.append(ray.get(ref))
             except Exception as exc:  # a worker that died beyond its retries
-                members = [r.name for r in job.runs] if isinstance(job, Stack) else [job.name]
-                results.append({"name": job.name, "runs": members, "returncode": -1, "log": f"ray: {type(exc).__name__}"})
+                results.append({"name": job.name, "runs": job.run_names(), "returncode": -1,
+                                "log": f"ray: {type(exc).__name__}"})
         return results
     finally:
         if started_here:
