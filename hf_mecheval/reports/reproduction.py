@@ -86,13 +86,23 @@ def _table(head: list[str], lines: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+MECHANISM_COLUMNS = ["test accuracy (%)", "@key", "@value", "@query", "mechanism"]
+
+
+def _mechanism_cells(rows: list[dict]) -> list[str]:
+    """Cells of MECHANISM_COLUMNS for a group of runs (mean ± sd over seeds)."""
+    return [_pct([r["test_accuracy"] for r in rows])] + [_score([r.get(f"@{p}") for r in rows])
+                                                         for p in ("key", "value", "query")] + [_mechanisms(rows)]
+
+
 def _accuracy_mechanism_table(groups: dict[str, list[dict]]) -> str:
-    lines = []
-    for label, rows in groups.items():
-        lines.append([label, str(len(rows)), _pct([r["test_accuracy"] for r in rows]),
-                      _score([r.get("@key") for r in rows]), _score([r.get("@value") for r in rows]),
-                      _score([r.get("@query") for r in rows]), _mechanisms(rows)])
-    return _table(["model", "seeds", "test accuracy (%)", "@key", "@value", "@query", "mechanism"], lines)
+    lines = [[label, str(len(rows))] + _mechanism_cells(rows) for label, rows in groups.items()]
+    return _table(["model", "seeds"] + MECHANISM_COLUMNS, lines)
+
+
+def _width_label(label: str) -> str:
+    """Based's default short-conv width (3) is not in its label; the ablation tables show it."""
+    return "based (conv 3)" if label == "based" else label
 
 
 def _conv_order(label: str) -> tuple:
@@ -133,43 +143,29 @@ def claim_tables(results: dict[str, list[dict]]) -> dict[str, str]:
     ablation_rows = [r for r in ar + results.get("cpu_ablations", []) if r["architecture"] in ("mamba", "based")]
     if results.get("cpu_ablations"):
         groups = _groups(ablation_rows)
-        lines = [[label if label != "based" else "based (conv 3)", str(len(rows)), _pct([r["test_accuracy"] for r in rows]),
-                  _score([r.get("@key") for r in rows]), _score([r.get("@value") for r in rows]),
-                  _score([r.get("@query") for r in rows]), _mechanisms(rows)]
+        lines = [[_width_label(label), str(len(rows))] + _mechanism_cells(rows)
                  for label, rows in sorted(groups.items(), key=lambda kv: _conv_order(kv[0]))]
-        tables["claim3"] = _table(["model (short-conv width)", "seeds", "test accuracy (%)", "@key", "@value",
-                                   "@query", "mechanism"], lines)
+        tables["claim3"] = _table(["model (short-conv width)", "seeds"] + MECHANISM_COLUMNS, lines)
     if atr:
         tables["claim5"] = _accuracy_mechanism_table(_groups(atr, "atr_easy"))
-        mamba = {label: rows for task in ("atr_easy", "atr_gen") for label, rows in _groups(atr, task).items()
-                 if label.startswith("mamba")}
+        by_task = {task: _groups(atr, task) for task in ("atr_easy", "atr_gen")}
+        lines = [[task, label] + _mechanism_cells(rows) for task, groups in by_task.items()
+                 for label, rows in groups.items() if label.startswith("mamba")]
+        if lines:
+            tables["claim6"] = _table(["task", "model"] + MECHANISM_COLUMNS, lines)
         lines = []
-        for task in ("atr_easy", "atr_gen"):
-            for label, rows in _groups(atr, task).items():
-                if label.startswith("mamba"):
-                    lines.append([task, label, _pct([r["test_accuracy"] for r in rows]), _score([r.get("@key") for r in rows]),
-                                  _score([r.get("@value") for r in rows]), _score([r.get("@query") for r in rows]),
-                                  _mechanisms(rows)])
-        if mamba:
-            tables["claim6"] = _table(["task", "model", "test accuracy (%)", "@key", "@value", "@query", "mechanism"],
-                                      lines)
-        gen = _groups(atr, "atr_gen")
-        lines = []
-        for label, rows in gen.items():
-            easy = _groups(atr, "atr_easy").get(label, [])
+        for label, rows in by_task["atr_gen"].items():
+            easy = by_task["atr_easy"].get(label, [])
             lines.append([label, _pct([r["validation_accuracy"] for r in rows]), _pct([r["test_accuracy"] for r in rows]),
                           _pct([r["test_accuracy"] for r in easy]) if easy else "n/a"])
         if lines:
             tables["claim8"] = _table(["model", "ATR-gen validation (%)", "ATR-gen test: held-out pairs (%)",
                                        "ATR easy test (%)"], lines)
-    delta = [(task, rows) for name, rs in (("AR", ar), ("ATR easy", [r for r in atr if r["task"] == "atr_easy"]))
-             for task, rows in [(name, [r for r in rs if r["architecture"] == "deltanet"])] if rows]
-    if delta:
-        lines = [[task, str(len(rows)), _pct([r["test_accuracy"] for r in rows]), _score([r.get("@key") for r in rows]),
-                  _score([r.get("@value") for r in rows]), _score([r.get("@query") for r in rows]), _mechanisms(rows)]
-                 for task, rows in delta]
-        tables["claim7"] = _table(["task", "seeds", "test accuracy (%)", "@key", "@value", "@query", "mechanism"],
-                                  lines)
+    delta = {"AR": [r for r in ar if r["architecture"] == "deltanet"],
+             "ATR easy": [r for r in atr if r["architecture"] == "deltanet" and r["task"] == "atr_easy"]}
+    lines = [[task, str(len(rows))] + _mechanism_cells(rows) for task, rows in delta.items() if rows]
+    if lines:
+        tables["claim7"] = _table(["task", "seeds"] + MECHANISM_COLUMNS, lines)
     compute = []
     for sweep, rows in results.items():
         seconds = sum(r.get("train_seconds") or 0 for r in rows)
@@ -242,7 +238,7 @@ def conv_width_figure(rows: list[dict], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for arch, color in (("mamba", "tab:orange"), ("based", "tab:blue")):
-        groups = sorted(((_conv_order(label if label != "based" else "based (conv 3)"), rs)
+        groups = sorted(((_conv_order(_width_label(label)), rs)
                          for label, rs in _groups(rows).items() if label.startswith(arch)), key=lambda g: g[0])
         if not groups:
             continue
