@@ -199,8 +199,8 @@ class MechEvalModel(MechEvalPreTrainedModel):
 
     def use_functional_path(self, flag: bool = True) -> None:
         """Make mixers avoid what ``torch.func`` transforms such as ``vmap`` cannot batch (SDPA in
-        attention, H3's custom kernel function), so the model runs stacked. (Mamba's fused scan
-        has its own vmap rule.)"""
+        attention), so the model runs stacked. (The custom autograd functions — Mamba's fused
+        scan, H3's kernel taps, the direct causal convolution — have vmap rules of their own.)"""
         for m in self.modules():
             if hasattr(m, "functional_path"):
                 m.functional_path = flag
