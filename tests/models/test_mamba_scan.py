@@ -1,8 +1,10 @@
-"""The fused selective scan and the state-path scan against the readable reference."""
+"""The fused selective scan, its answer-position form and the state-path scan against the
+readable reference."""
 import torch
 
 from hf_mecheval.models import build_model
-from hf_mecheval.models.mixers.mamba import LinearScan, selective_scan, selective_scan_reference
+from hf_mecheval.models.mixers.mamba import (LinearScan, ScanWorkspace, selective_scan, selective_scan_at,
+                                             selective_scan_reference)
 
 
 def inputs(seed=0, B=3, L=9, E=5, N=4):
@@ -50,6 +52,41 @@ def test_fused_scan_with_one_A_per_row_and_under_vmap():
         (y_k * w[k]).sum().backward()
         assert torch.allclose(ys[k], y_k, atol=1e-12)
         assert torch.allclose(K_A.grad[k], a.grad, atol=1e-10) and torch.allclose(K_x.grad[k], xk.grad, atol=1e-10)
+
+
+def _at(y, keep):
+    return y.gather(1, keep[..., None].expand(-1, -1, y.shape[-1]))
+
+
+def test_scan_at_kept_positions_matches_reference_values_and_gradients():
+    # per-row positions, two per row (one of them the first position), in any order
+    keep = torch.tensor([[8, 3], [0, 5], [6, 6]])
+    assert torch.autograd.gradcheck(lambda *t: selective_scan_at(*t, keep), inputs(4))
+    a, b = inputs(5), inputs(5)
+    y_ref = _at(selective_scan_reference(*a)[0], keep)
+    y = selective_scan_at(*b, keep, ScanWorkspace())
+    assert torch.allclose(y, y_ref, atol=1e-12)
+    w = torch.randn_like(y)
+    (y_ref * w).sum().backward()
+    (y * w).sum().backward()
+    for p, q in zip(a, b):
+        assert torch.allclose(p.grad, q.grad, atol=1e-10)
+
+
+def test_scan_at_kept_positions_under_vmap():
+    x, dt, A, Bm, C = (t.detach() for t in inputs(6))
+    keep = torch.tensor([[8], [2], [5]])
+    K_A = torch.stack([A, 0.3 * A]).requires_grad_()
+    K_B = torch.stack([Bm, -Bm]).requires_grad_()
+    ys = torch.func.vmap(selective_scan_at, in_dims=(None, None, 0, 0, None, None))(x, dt, K_A, K_B, C, keep)
+    w = torch.randn_like(ys)
+    (ys * w).sum().backward()
+    for k in range(2):
+        a, bk = K_A.detach()[k].clone().requires_grad_(), K_B.detach()[k].clone().requires_grad_()
+        y_k = _at(selective_scan_reference(x, dt, a, bk, C)[0], keep)
+        (y_k * w[k]).sum().backward()
+        assert torch.allclose(ys[k], y_k, atol=1e-12)
+        assert torch.allclose(K_A.grad[k], a.grad, atol=1e-10) and torch.allclose(K_B.grad[k], bk.grad, atol=1e-10)
 
 
 def test_linear_scan_gradcheck():
