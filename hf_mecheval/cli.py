@@ -104,7 +104,7 @@ def _data_publish(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from .training.run import main as train_main
 
-    return train_main(args.arguments)
+    return train_main(args.arguments, prog="mecheval train")
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Run every unfinished run of a sweep file (finished runs are skipped, "
                                             "interrupted ones resumed) and write results.{json,csv,md}: the best "
                                             "learning rate per configuration by validation, reported on test.")
-    sweep.add_argument("file", help="sweep YAML, e.g. training/sweeps/ar_main.yaml")
+    sweep.add_argument("file", help="sweep YAML, e.g. hf_mecheval/training/sweeps/ar_main.yaml")
     _launcher_arguments(sweep, default_out="runs/sweeps")
     sweep.set_defaults(func=_sweep)
 
@@ -349,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # would take a leading flag as one of `mecheval`'s own
         from .training.run import main as train_main
 
-        return train_main(argv[1:])
+        return train_main(argv[1:], prog="mecheval train")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

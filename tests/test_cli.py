@@ -96,3 +96,12 @@ def test_error_paths_print_one_line(argv, capsys):
     assert main(argv) == 2
     err = [l for l in capsys.readouterr().err.strip().splitlines() if "error" in l]
     assert len(err) == 1 and err[0].startswith("mecheval")
+
+
+def test_train_records_a_command_that_can_be_typed_again(tmp_path):
+    run = tmp_path / "run"
+    argv = ["train", "--task", "ar_32", "--architecture", "mamba", "--hidden_size", "16", "--max_steps", "2",
+            "--train_size", "64", "--eval_size", "8", "--eval_strategy", "no", "--save_strategy", "no",
+            "--disable_tqdm", "true", "--output_dir", str(run)]
+    assert main(argv) == 0
+    assert (run / "command.txt").read_text().startswith("mecheval train --task ar_32 --architecture mamba ")

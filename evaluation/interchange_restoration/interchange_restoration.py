@@ -29,7 +29,7 @@ Returns:
     normalized_ci ([low, high] or None), normalized_examples (int), p_patched_mean (float).
 Examples:
     >>> metric = evaluate.load("evaluation/interchange_restoration")
-    >>> metric.compute(p_clean=[0.9, 0.7], p_corrupt=[0.1, 0.3], p_patched=[0.5, 0.5])["restoration"]
+    >>> round(metric.compute(p_clean=[0.9, 0.7], p_corrupt=[0.1, 0.3], p_patched=[0.5, 0.5])["restoration"], 6)
     0.5
 """
 

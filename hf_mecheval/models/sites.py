@@ -15,13 +15,18 @@ Standard sites, identical for every architecture (``L`` = layer index), all (bat
 ``layers.L.output``        residual stream leaving block L
 =========================  ==========================================================
 
-A patch at position p of any of these changes later positions only through the mixers of
-later computation (never directly). Mixers declare their internal sites as Site attributes,
-e.g. ``layers.L.mixer.conv_output`` (short-convolution output, (batch, length, channels):
-a patch there reaches later positions only through the later layers) and
-``layers.L.mixer.state`` (the recurrent state trajectory: a patch of the state at position p
-*does* propagate to later positions of the same layer, because the recurrence is re-run from
-the patched state). Each Site carries ``propagates`` saying which.
+Mixers declare their internal sites as Site attributes: ``layers.L.mixer.conv_output`` (the
+short-convolution output, (batch, length, channels)) and ``layers.L.mixer.state`` (the
+recurrent state trajectory).
+
+What a patch at position p reaches. Only a state site *carries* the patch along its own
+sequence: the recurrence is re-run from the patched state, so the state itself changes at every
+later position of the layer (``Site.propagates`` is True). At every other site the activation
+changes at p only; whatever reads it afterwards sees the change, and a component that mixes
+along the sequence spreads it to later positions — the rest of the same mixer included: a patch
+of Mamba's, H3's, Hyena's or DeltaNet's ``conv_output`` at p reaches later positions of that
+layer's output through its SSM, long convolution or delta rule (BaseConv's gating does not mix,
+so there it stays at p until the next layer). ``propagates`` is descriptive; nothing reads it.
 
 Mixers skip materialising expensive internal sites (state trajectories) unless a torch hook is
 registered on them (plain hooks, pyvene) or ``model.materialize_sites(True)`` was called —

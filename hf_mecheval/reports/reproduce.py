@@ -1,17 +1,17 @@
 """``mecheval reproduce --preset NAME``: a full reference sweep (GPU scale), the intervention grid
 on every finished run, and the report.
 
-    paper-ar        training/sweeps/ar_main.yaml        (claims 1, 2, 7)
-    paper-atr       training/sweeps/atr.yaml            (claims 5, 7, 8)
-    ablation-mamba  training/sweeps/ar_mamba_conv.yaml  (claims 3, 4)
-    ablation-based  training/sweeps/ar_based_kernel.yaml (claim 3)
-    atr-no-conv     training/sweeps/atr_no_conv.yaml    (claim 6)
+    paper-ar        hf_mecheval/training/sweeps/ar_main.yaml        (claims 1, 2, 7)
+    paper-atr       hf_mecheval/training/sweeps/atr.yaml            (claims 5, 7, 8)
+    ablation-mamba  hf_mecheval/training/sweeps/ar_mamba_conv.yaml  (claims 3, 4)
+    ablation-based  hf_mecheval/training/sweeps/ar_based_kernel.yaml (claim 3)
+    atr-no-conv     hf_mecheval/training/sweeps/atr_no_conv.yaml    (claim 6)
 
 CPU scale (REPRODUCTION.md: what this repository's committed results come from):
 
-    cpu-ar          training/sweeps/cpu/ar.yaml         (claims 1, 2, 4, 7; 3 seeds)
-    cpu-ablations   training/sweeps/cpu/ablations.yaml  (claim 3)
-    cpu-atr         training/sweeps/cpu/atr.yaml        (claims 5, 6, 7, 8)
+    cpu-ar          hf_mecheval/training/sweeps/cpu/ar.yaml         (claims 1, 2, 4, 7; 3 seeds)
+    cpu-ablations   hf_mecheval/training/sweeps/cpu/ablations.yaml  (claim 3)
+    cpu-atr         hf_mecheval/training/sweeps/cpu/atr.yaml        (claims 5, 6, 7, 8)
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ..training.sweep import Sweep, launch, write_results
 from .evaluate_run import evaluate_run
 from .report import write_report
 
-SWEEPS_DIR = Path(__file__).resolve().parents[2] / "training" / "sweeps"
+SWEEPS_DIR = Path(__file__).resolve().parents[1] / "training" / "sweeps"   # package data: in the wheel too
 PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba": "ar_mamba_conv.yaml",
            "ablation-based": "ar_based_kernel.yaml", "atr-no-conv": "atr_no_conv.yaml",
            "cpu-ar": "cpu/ar.yaml", "cpu-ablations": "cpu/ablations.yaml", "cpu-atr": "cpu/atr.yaml"}

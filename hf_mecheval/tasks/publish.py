@@ -63,6 +63,13 @@ def materialize(
     return folder
 
 
+def regenerate_command(preset: str, task, seed: int) -> str:
+    """The ``mecheval data generate`` command that writes one split of this data again."""
+    grammar = getattr(task.config, "grammar_seed", None)
+    return (f"mecheval data generate {preset} --split SPLIT -n N --seed {seed}"
+            + ("" if grammar is None else f" --grammar-seed {grammar}") + " --out FILE.parquet")
+
+
 def dataset_card(entries: list[dict], seed: int) -> str:
     configs = [
         {
@@ -88,7 +95,7 @@ def dataset_card(entries: list[dict], seed: int) -> str:
         "",
         "Synthetic in-context retrieval data made by hf-mecheval "
         f"(generator version {GENERATOR_VERSION}, data seed {seed}). Regenerate any split byte for byte with",
-        "`mecheval data generate PRESET --split SPLIT -n N --seed SEED --out FILE.parquet`.",
+        "the command given under its configuration below.",
         "",
         "Each row is one document. Token ids: PAD=0, BOS=1, EOS=2. Columns: `input_ids`; `labels` "
         "(-100 except the answer token: the loss is on the answer only); `answer`; positions `key_pos` "
@@ -107,6 +114,7 @@ def dataset_card(entries: list[dict], seed: int) -> str:
         lines += [f"## `{p.name}`", "", p.description, "",
                   f"- vocabulary size: {task.vocab_size}",
                   "- sizes: " + ", ".join(f"{s} {n}" for s, n in e["sizes"].items()),
+                  f"- regenerate a split: `{regenerate_command(p.name, task, seed)}`",
                   f"- configuration: `{json.dumps(task.config.to_dict())}`", ""]
         stats = {s: v for s, v in e["stats"].items() if v}
         if stats:

@@ -228,9 +228,19 @@ def as_flags(values: dict) -> list[str]:
     return flags
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def invocation() -> str:
+    """How this process was started, as a command to type: ``python -m MODULE`` or the script."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return f"python -m {spec.name.removesuffix('.__main__')}"
+    return sys.argv[0]
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Train one run (or a stack with ``--stack``). ``prog``: the command that invoked it, as
+    written into ``command.txt`` (``mecheval train`` from the CLI; default: this process's own)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(map(shlex.quote, [sys.argv[0], *argv]))
+    command = " ".join([prog or shlex.quote(invocation()), *map(shlex.quote, argv)])
     try:
         if argv[:1] == ["--stack"]:
             result, main_process = _train_stack(argv, command), True

@@ -1,7 +1,7 @@
 """Sweeps: a YAML file of run grids -> one run directory per run -> a results table.
 
-    mecheval sweep training/sweeps/ar_main.yaml --launcher local --workers 2
-    mecheval sweep training/sweeps/ar_main.yaml --launcher ray          # several machines
+    mecheval sweep hf_mecheval/training/sweeps/ar_main.yaml --launcher local --workers 2
+    mecheval sweep hf_mecheval/training/sweeps/ar_main.yaml --launcher ray          # several machines
 
 Sweep file (unknown keys are errors)::
 

@@ -40,3 +40,29 @@ def test_report_command_and_errors(tmp_path, capsys):
     assert mecheval(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a finished run" in err[0]
+
+
+def test_headline_verdicts_follow_the_figures():
+    from hf_mecheval.reports.quickstart import MODELS, headline
+
+    def row(acc, mech=None, key=None, value=None, query=None):
+        return {"test_accuracy": acc, "mechanism": mech, "@key": key, "@value": value, "@query": query}
+
+    paper = {"transformer": row(0.99, "induction", 0.0, 1.0, 0.0), "based": row(0.99, "induction", 0.0, 1.0, 0.0),
+             "mamba_conv4": row(0.97, "direct_key_query", 0.45, 0.0, 0.3), "mamba_conv0": row(0.24, "failed"),
+             "hyena": row(0.4, "failed"), "h3": row(0.3, "failed"), "baseconv": row(0.3, "failed"),
+             "deltanet": row(1.0, "direct_query", 0.0, 0.0, 1.0)}
+    assert set(paper) == {name for name, _, _ in MODELS}
+    checks = headline(paper)
+    assert len(checks) == 8 and all(c["holds"] for c in checks)
+    # each departure from the paper fails exactly its own claim
+    for name, change, claim_word in [("transformer", {"mechanism": "direct_query"}, "transformer"),
+                                     ("mamba_conv4", {"@value": 0.9}, "induction"),
+                                     ("mamba_conv4", {"@key": 0.1, "@query": 0.1}, "induction"),
+                                     ("mamba_conv0", {"test_accuracy": 0.95}, "width 0"),
+                                     ("hyena", {"test_accuracy": 0.95, "mechanism": "induction"}, "hyena"),
+                                     ("deltanet", {"mechanism": "induction"}, "DeltaNet")]:
+        rows = {k: dict(v) for k, v in paper.items()}
+        rows[name].update(change)
+        failed = [c["claim"] for c in headline(rows) if not c["holds"]]
+        assert len(failed) == 1 and claim_word in failed[0], (name, change, failed)

@@ -65,3 +65,22 @@ def test_dataset_scripts_materialise_every_preset_of_a_task(tmp_path):
     for preset in ("ar_32", "ar_32_value_first", "ar_32_gen"):
         ds = datasets.load_dataset(str(tmp_path / "ar"), preset, cache_dir=str(tmp_path / "cache"))
         assert len(ds["train"]) == 20 and len(ds["test"]) == 5
+
+
+def test_dataset_card_command_regenerates_a_split_byte_for_byte(tmp_path):
+    import re
+    import shlex
+
+    from hf_mecheval.cli import main
+
+    folder = materialize(["ar_32", "atr_easy"], tmp_path / "pub", train_size=30, eval_size=10, seed=5,
+                         grammar_seed=3, progress=False)
+    card = (folder / "README.md").read_text()
+    commands = dict(re.findall(r"regenerate a split: `(mecheval data generate (\S+) [^`]*)`", card)[i][::-1]
+                    for i in range(2))
+    assert "--grammar-seed 3" in commands["atr_easy"] and "--grammar-seed" not in commands["ar_32"]
+    for preset, command in commands.items():
+        out = tmp_path / f"{preset}.parquet"
+        argv = shlex.split(command.replace("SPLIT", "test").replace("-n N", "-n 10").replace("FILE.parquet", str(out)))
+        assert main(argv[1:]) == 0
+        assert out.read_bytes() == (folder / preset / "test-00000-of-00001.parquet").read_bytes()

@@ -101,7 +101,7 @@ def test_ray_launcher_runs_a_two_run_sweep(tmp_path):
 def test_the_reference_sweep_files_are_valid():
     from pathlib import Path
 
-    files = sorted((Path(__file__).resolve().parents[2] / "training" / "sweeps").glob("*.yaml"))
+    files = sorted((Path(__file__).resolve().parents[2] / "hf_mecheval" / "training" / "sweeps").glob("*.yaml"))
     assert len(files) >= 7
     for path in files:
         sweep = Sweep.load(path)

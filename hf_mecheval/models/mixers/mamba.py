@@ -7,9 +7,12 @@
     y_t    = C_t · h_t + D * x_t;   y = y * silu(z);   out = out_proj(y)
 
 The scan runs as a custom autograd function with hand-written forward and backward loops over
-time, in place on preallocated buffers (no per-step autograd graph): at these lengths that is
-the fastest PyTorch form on a CPU. The state trajectory h is materialised anyway (the backward
-needs it), so the ``state`` site is always live and costs nothing extra.
+time, in place on reused buffers (no per-step autograd graph): at these lengths that is the
+fastest PyTorch form on a CPU. The ``state`` site is computed only when someone listens (a hook,
+or ``materialize_sites(True)``): then the state trajectory goes through the Site, where a patch
+is carried to later positions (``LinearScan`` and ``rerun_from_patched_states``). On the
+answer-only training path the last layer needs y at the answer only, which has a closed form
+(``SelectiveScanAt``).
 """
 from __future__ import annotations
 
