@@ -22,6 +22,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a positive integer, got 0")
+    return value
+
+
 def _seed_range(text: str) -> list[int]:
     """``7`` or ``0-29`` (inclusive)."""
     try:
@@ -212,7 +219,7 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
     """Flags shared by the commands that run a sweep."""
     parser.add_argument("--launcher", choices=("local", "ray"), default="local",
                         help="local: processes on this machine; ray: a Ray cluster (RAY_ADDRESS) or a local one")
-    parser.add_argument("--workers", type=_non_negative_int, default=1, help="runs at once (local launcher)")
+    parser.add_argument("--workers", type=_positive_int, default=1, help="runs at once (local launcher)")
     parser.add_argument("--stack", type=_stack_size, default="auto",
                         help="train up to N runs that differ only in learning rate and seed together as one "
                              "stacked run; auto (default): as many as fit on a GPU, none on a CPU")
@@ -243,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--grammar-seed", type=_non_negative_int, help="ATR: another language than the preset's")
     gen.add_argument("--out", required=True, help="output FILE.parquet")
     gen.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    gen.add_argument("--workers", type=_non_negative_int, default=1, help="processes (default: 1)")
+    gen.add_argument("--workers", type=_positive_int, default=1, help="processes (default: 1)")
     gen.set_defaults(func=_data_generate)
 
     stats = data_commands.add_parser("stats", help="print statistics a model could exploit",
@@ -251,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "depth, branching and repeated-label statistics of presets.")
     stats.add_argument("presets", nargs="+", choices=presets, metavar="PRESET", help=f"one or more of: {', '.join(presets)}")
     stats.add_argument("--split", choices=SPLITS, default="test", help="split (default: test)")
-    stats.add_argument("-n", type=_non_negative_int, default=2000, help="documents per preset (default: 2000)")
+    stats.add_argument("-n", type=_positive_int, default=2000, help="documents per preset (default: 2000)")
     stats.add_argument("--seed", type=_non_negative_int, default=0, help="data seed (default: 0)")
     stats.add_argument("--grammar-seeds", type=_seed_range, metavar="G|FIRST-LAST",
                        help="ATR: average over these grammars (e.g. 0-29) instead of the preset's language")
@@ -268,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--seed", type=_non_negative_int, default=0, help="data seed (default: 0)")
     pub.add_argument("--grammar-seed", type=_non_negative_int, help="ATR: another language than the presets'")
     pub.add_argument("--overwrite", action="store_true", help="replace existing files")
-    pub.add_argument("--workers", type=_non_negative_int, default=1, help="processes (default: 1)")
+    pub.add_argument("--workers", type=_positive_int, default=1, help="processes (default: 1)")
     pub.add_argument("--push-to-hub", metavar="REPO", help="also upload the folder as dataset repository REPO")
     pub.set_defaults(func=_data_publish)
 
@@ -294,11 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
                                          "heatmaps and bar plots, and the mechanism label.")
     ev.add_argument("run_dir", help="a finished run directory (from mecheval train)")
     ev.add_argument("--out", help="output folder (default RUN_DIR/interventions)")
-    ev.add_argument("-n", type=_non_negative_int, default=320, help="documents (default 320)")
+    ev.add_argument("-n", type=_positive_int, default=320, help="documents (default 320)")
     ev.add_argument("--split", choices=SPLITS, default="test", help="split (default test)")
     ev.add_argument("--seed", type=_non_negative_int, help="data seed (default: the run's)")
     ev.add_argument("--sites", nargs="+", help="only these sites (default: all; see model.site_names())")
-    ev.add_argument("--batch-size", type=_non_negative_int, default=64, help="documents per batch")
+    ev.add_argument("--batch-size", type=_positive_int, default=64, help="documents per batch")
     ev.add_argument("--resamples", type=_non_negative_int, default=1000, help="bootstrap resamples")
     ev.add_argument("--overwrite", action="store_true", help="replace existing results")
     ev.set_defaults(func=_evaluate)
@@ -337,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "on every finished run, and the report. Finished runs are reused.")
     rp.add_argument("--preset", required=True, choices=list(REPRODUCE_PRESETS), help="which experiment")
     _launcher_arguments(rp, default_out="runs/reproduce")
-    rp.add_argument("-n", type=_non_negative_int, default=320, help="documents for the interventions (default 320)")
+    rp.add_argument("-n", type=_positive_int, default=320, help="documents for the interventions (default 320)")
     rp.set_defaults(func=_reproduce)
     return parser
 

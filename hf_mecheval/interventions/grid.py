@@ -47,6 +47,11 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
         if column not in data.columns:
             raise MechEvalError(f"the dataset has no {column} column; interventions need the position "
                                 f"columns {', '.join(p + '_pos' for p in POSITIONS)}")
+    # an empty set or a zero batch size would otherwise fail far below (numpy's concatenate, range)
+    if len(data) == 0:
+        raise MechEvalError("the intervention grid needs at least one document, got none")
+    if batch_size < 1:
+        raise MechEvalError(f"the batch size must be at least 1, got {batch_size}")
     engine = InterventionEngine(model)
     sites = list(model.site_names()) if sites is None else list(sites)
     threshold = default_threshold(task) if threshold is None else threshold

@@ -83,6 +83,15 @@ class MechEvalConfig(PreTrainedConfig):
             self.intermediate_size = 4 * self.hidden_size
         self.validate_fields()
 
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """This architecture's own configuration fields (shared ones first)."""
+        names: list[str] = []
+        for klass in reversed(cls.__mro__):
+            if isinstance(klass, type) and issubclass(klass, MechEvalConfig):
+                names += [n for n in vars(klass).get("__annotations__", {}) if n not in names]
+        return names
+
     def validate_fields(self) -> None:
         _int(self, "vocab_size", minimum=1)
         _int(self, "hidden_size", minimum=1)

@@ -11,35 +11,79 @@ import json
 from pathlib import Path
 
 from ..errors import MechEvalError
-from ..io_utils import write_text_atomic
+from ..io_utils import read_json, writable_folder, write_text_atomic
 from ..tasks.presets import get_preset, task_from_dict
 from . import plots
+from .run_files import RESTORATION_HISTORY, read_finished_run, require_files
 
 
 def load_run(run_dir: str | Path):
     """(model, task, run record) of a finished run directory, with clear errors."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise MechEvalError(f"run directory {run_dir} does not exist")
+    if not run_dir.is_dir():
+        raise MechEvalError(f"{run_dir} is not a run directory (give the folder `mecheval train` wrote)")
+    require_files(run_dir, ("config.json", "run.json", "metrics.json"))
+    record, _ = read_finished_run(run_dir)      # the model card written at the end needs metrics.json
+    try:
+        task = task_from_dict(get_preset(record["task"]["preset"]).task, record["task"]["config"])
+    except (MechEvalError, TypeError, ValueError) as exc:
+        raise MechEvalError(f"{run_dir / 'run.json'}: bad task: {exc}") from None
+    model = _load_model(run_dir)
+    if model.config.vocab_size != task.vocab_size:
+        # the task's token ids would index past the model's embedding table (or miss part of it)
+        raise MechEvalError(f"{run_dir / 'run.json'} says task {record['task']['preset']} (vocabulary of "
+                            f"{task.vocab_size} tokens) but the model in {run_dir} has vocab_size "
+                            f"{model.config.vocab_size}: run.json does not belong to this model")
+    return model, task, record
+
+
+def _load_model(run_dir: Path):
+    """The model of config.json with the weights of model.safetensors, every weight accounted for."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     import hf_mecheval  # noqa: F401  (registers the model types)
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise MechEvalError(f"run directory {run_dir} does not exist")
-    for name in ("config.json", "run.json"):
-        if not (run_dir / name).exists():
-            raise MechEvalError(f"{run_dir} is not a finished run: {name} is missing")
+    weights = run_dir / "model.safetensors"
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    # problems are reported below in one line, not as a load-report table under a progress bar
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
-        record = json.loads((run_dir / "run.json").read_text())
-        task = task_from_dict(get_preset(record["task"]["preset"]).task, record["task"]["config"])
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise MechEvalError(f"{run_dir / 'run.json'} is unreadable: {exc}") from None
-    try:
-        model = AutoModelForCausalLM.from_pretrained(run_dir)
-    except (ValueError, OSError, KeyError) as exc:
+        # mismatched shapes are loaded as fresh weights and listed, so they can be named here
+        model, info = AutoModelForCausalLM.from_pretrained(run_dir, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True)
+    except SafetensorError as exc:
+        raise MechEvalError(f"{weights} is damaged (truncated or not a safetensors file): {exc}") from None
+    except (ValueError, OSError, KeyError, RuntimeError) as exc:
         raise MechEvalError(f"cannot load the model in {run_dir}: {str(exc).splitlines()[0]}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
     if not hasattr(model, "site_names"):
         raise MechEvalError(f"{run_dir} holds a {type(model).__name__}, not an hf-mecheval model")
-    return model, task, record
+    # without this check, weights absent from the file or of another shape would silently be random ones
+    wrong = [f"{key} (missing)" for key in sorted(info["missing_keys"])]
+    wrong += [f"{m[0]} ({_shape(m[1])} in the file, {_shape(m[2])} in config.json)" if isinstance(m, tuple)
+              else f"{m} (another shape)" for m in sorted(info["mismatched_keys"], key=str)]
+    if wrong:
+        more = f" and {len(wrong) - 2} more" if len(wrong) > 2 else ""
+        raise MechEvalError(f"{weights} does not match {run_dir / 'config.json'}: {', '.join(wrong[:2])}{more}")
+    return model
+
+
+def _shape(size) -> str:
+    return "x".join(map(str, size))
+
+
+def _check_counts(n: int, batch_size: int) -> None:
+    for flag, value in (("-n", n), ("--batch-size", batch_size)):
+        if value < 1:
+            raise MechEvalError(f"{flag} must be at least 1, got {value}")
 
 
 def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 320, split: str = "test",
@@ -47,27 +91,35 @@ def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 32
                  n_resamples: int = 1000, overwrite: bool = False, progress: bool = True) -> dict:
     from ..interventions import run_grid
 
+    # every input and the output folder are checked before the grid, which is the slow part
+    _check_counts(n, batch_size)
     model, task, record = load_run(run_dir)
     out = Path(out) if out is not None else Path(run_dir) / "interventions"
     target = out / "interventions.json"
     if target.exists() and not overwrite:
         raise MechEvalError(f"{target} already exists; pass --overwrite to replace it")
+    writable_folder(out)
+    history_path = Path(run_dir) / "restoration_history.json"
+    # written by the RestorationCallback during training
+    history = read_json(history_path, RESTORATION_HISTORY) if history_path.exists() else None
     seed = record["task"].get("dataset_seed", 0) if seed is None else seed
     data = task.generate(n, split, seed)
+    positions = getattr(model.config, "max_position_embeddings", 0) or 0
+    if 0 < positions < int(data.lengths.max()):
+        raise MechEvalError(f"the model in {run_dir} has {positions} position embeddings but these {split} "
+                            f"documents are up to {int(data.lengths.max())} tokens long")
     result = run_grid(model, task, data, sites=sites, batch_size=batch_size, n_resamples=n_resamples,
                       progress=progress)
     result["run"] = {"run_dir": str(run_dir), "architecture": record["model"].get("architecture"),
                      "task": record["task"]["preset"], "split": split, "dataset_seed": seed}
-    out.mkdir(parents=True, exist_ok=True)
     name = f"{result['run']['architecture']} on {result['run']['task']}"
     for corruption in result["corruptions"]:
         plots.residual_heatmap(result, corruption, out / f"residual_{corruption}.png",
                                f"{name}: restoration, {corruption} corrupted")
         plots.component_bars(result, corruption, out / f"sites_{corruption}.png",
                              f"{name}: restoration by site, {corruption} corrupted")
-    history = Path(run_dir) / "restoration_history.json"
-    if history.exists():  # written by the RestorationCallback during training
-        plots.restoration_curves(json.loads(history.read_text()), out / "restoration_history.png",
+    if history is not None:
+        plots.restoration_curves(history, out / "restoration_history.png",
                                  f"{name}: restoration at the last layer's input over training")
     write_text_atomic(target, json.dumps(result, indent=1) + "\n", overwrite=True)
     from .model_card import write_model_card

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..errors import MechEvalError
+from .run_files import interventions_path, read_finished_run, read_interventions, require_files
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 
@@ -19,11 +20,8 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     run_dir = Path(run_dir)
-    try:
-        record = json.loads((run_dir / "run.json").read_text())
-        final = json.loads((run_dir / "metrics.json").read_text())["final"]
-    except (OSError, json.JSONDecodeError, KeyError):
-        raise MechEvalError(f"{run_dir} is not a finished run (run.json and metrics.json are needed)") from None
+    record, metrics = read_finished_run(run_dir)
+    final = metrics["final"]
     model, task = record["model"], record["task"]
     dataset = "mecheval/ar" if task["preset"].startswith("ar") else "mecheval/atr"
     common = dict(task_type="text-generation", task_name="in-context retrieval", dataset_type=dataset,
@@ -34,11 +32,11 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
                           dataset_split="validation", metric_name="validation accuracy", **common)]
     mechanism = "Not evaluated yet: run `mecheval evaluate` on the run directory."
     extra = {}
-    interventions = run_dir / "interventions" / "interventions.json"
+    interventions = interventions_path(run_dir)
     if interventions.exists():
         from .evaluate_run import format_score, last_layer_summary
 
-        result = json.loads(interventions.read_text())
+        result = read_interventions(interventions)
         row = last_layer_summary(result)
         for p in ("key", "value", "query"):
             if row[f"@{p}"] is not None:
@@ -70,12 +68,29 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
 
 def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
     """Upload a run directory's model, config and card as a model repository."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, errors
+    from huggingface_hub.utils import validate_repo_id
 
+    try:
+        validate_repo_id(repo_id)
+    except errors.HFValidationError as exc:
+        raise MechEvalError(f"bad repository name {repo_id!r}: {_first_line(exc)}") from None
+    require_files(run_dir, ("config.json", "model.safetensors", "run.json", "metrics.json"))
     write_model_card(run_dir, repo_id)
     api = HfApi()
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    api.upload_folder(folder_path=str(run_dir), repo_id=repo_id,
-                      allow_patterns=["config.json", "model.safetensors", "README.md", "run.json", "metrics.json",
-                                      "interventions/*"])
+    # the Hub's HTTP errors are OSErrors, but a refused or failed connection is the HTTP
+    # library's own error (requests' is an OSError too, httpx's is not)
+    network_errors = (OSError, getattr(errors, "HTTPError", OSError))
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(folder_path=str(run_dir), repo_id=repo_id,
+                          allow_patterns=["config.json", "model.safetensors", "README.md", "run.json",
+                                          "metrics.json", "interventions/*"])
+    except network_errors as exc:
+        raise MechEvalError(f"cannot push {run_dir} to {repo_id}: {_first_line(exc)}") from None
     return f"https://huggingface.co/{repo_id}"
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

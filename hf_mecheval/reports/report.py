@@ -29,15 +29,17 @@ from ..errors import MechEvalError  # noqa: E402
 from ..io_utils import write_text_atomic  # noqa: E402
 from .evaluate_run import format_score, last_layer_summary  # noqa: E402
 from .plots import save_figure  # noqa: E402
+from .run_files import interventions_path, read_finished_run, read_interventions  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
 COMPONENTS = ("mixer.conv_output", "mixer.state", "mixer_output")
 
 
-def _train_seconds(run_dir: Path) -> float | None:
+def _train_seconds(metrics: dict) -> float | None:
     """Wall time of training (the Trainer's train_runtime; a stacked copy shows its stack's)."""
-    history = json.loads((run_dir / "metrics.json").read_text()).get("history", [])
-    times = [e["train_runtime"] for e in history if "train_runtime" in e]
+    history = metrics.get("history")
+    entries = history if isinstance(history, list) else []     # optional: a missing or odd one is no time
+    times = [e["train_runtime"] for e in entries if isinstance(e, dict) and "train_runtime" in e]
     return times[-1] if times else None
 
 
@@ -55,22 +57,18 @@ def run_label(record: dict) -> str:
 def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
     rows = []
     for run_dir in map(Path, run_dirs):
-        try:
-            record = json.loads((run_dir / "run.json").read_text())
-            final = json.loads((run_dir / "metrics.json").read_text())["final"]
-        except (OSError, json.JSONDecodeError, KeyError):
-            raise MechEvalError(f"{run_dir} is not a finished run (run.json and metrics.json are needed)") from None
-        model = record["model"]
+        record, metrics = read_finished_run(run_dir)
+        final, model = metrics["final"], record["model"]
         row = {"run": run_dir.resolve().name, "label": run_label(record), "architecture": model.get("architecture"),
                "hidden_size": model.get("hidden_size"), "layers": model.get("num_hidden_layers"),
                "conv_kernel": model.get("conv_kernel", model.get("short_conv_kernel")),
                "task": record["task"]["preset"], "learning_rate": record["training"].get("learning_rate"),
                "seed": record["training"].get("seed"),
                "validation_accuracy": final["validation_accuracy"], "test_accuracy": final["test_accuracy"],
-               "train_seconds": _train_seconds(run_dir)}
-        path = run_dir / "interventions" / "interventions.json"
+               "train_seconds": _train_seconds(metrics)}
+        path = interventions_path(run_dir)
         if path.exists():
-            result = json.loads(path.read_text())
+            result = read_interventions(path)
             summary = last_layer_summary(result)
             del summary["accuracy"]                    # the clean accuracy of the grid's documents
             row.update(summary)

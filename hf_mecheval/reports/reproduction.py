@@ -15,15 +15,15 @@ against the JSON (``check_document``; a test does it). REPRODUCTION.md marks eac
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
 from ..errors import MechEvalError
-from ..io_utils import write_text_atomic
+from ..io_utils import read_json, write_text_atomic
 from .evaluate_run import format_score
 from .report import figures
+from .run_files import RESULT_ROWS
 
 SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr")
 
@@ -34,7 +34,7 @@ def load_results(results_dir: str | Path) -> dict[str, list[dict]]:
     for sweep in SWEEPS:
         path = results_dir / sweep / "runs.json"
         if path.exists():
-            out[sweep] = json.loads(path.read_text())
+            out[sweep] = read_json(path, RESULT_ROWS)
     if not out:
         raise MechEvalError(f"{results_dir} holds no <sweep>/runs.json (expected one of {', '.join(SWEEPS)})")
     return out

@@ -4,8 +4,9 @@ and the same folder, uploaded, serves ``load_dataset("<owner>/<name>", "atr_easy
 
 Layout::
 
-    FOLDER/README.md
+    FOLDER/README.md                                            the card, for every preset in FOLDER
     FOLDER/<preset>/{train,validation,test}-00000-of-00001.parquet
+    FOLDER/<preset>/card.json                                   that preset's section of the card
 """
 from __future__ import annotations
 
@@ -37,49 +38,92 @@ def materialize(
     workers: int = 1,
     progress: bool = True,
 ) -> Path:
-    """Write every split of every preset and the dataset card; returns the folder."""
+    """Write every split of every preset, then the dataset card, which lists every preset in the
+    folder (those published here earlier too: each preset keeps what its card section says in
+    ``<preset>/card.json``); returns the folder. A README.md that this command did not write is
+    replaced only with ``overwrite``."""
     from tqdm.auto import tqdm
 
     folder = Path(folder)
-    entries = []
+    card_path = folder / "README.md"
+    if card_path.exists() and not overwrite and not _is_our_card(card_path):
+        raise MechEvalError(f"{card_path} exists and is not a card written by mecheval data publish; "
+                            "pass --overwrite to replace it")
+    tasks = {}
     for name in presets:
         preset = get_preset(name)
-        task = build_task(name, **({} if grammar_seed is None or preset.task != "atr" else {"grammar_seed": grammar_seed}))
+        tasks[name] = build_task(name, **({} if grammar_seed is None or preset.task != "atr" else {"grammar_seed": grammar_seed}))
+        for split in SPLITS:
+            if (folder / split_file(name, split)).exists() and not overwrite:
+                raise MechEvalError(f"{folder / split_file(name, split)} already exists; pass --overwrite to replace it")
+    for name, task in tasks.items():
+        preset = get_preset(name)
         sizes = {
             "train": preset.train_size if train_size is None else train_size,
             "validation": preset.eval_size if eval_size is None else eval_size,
             "test": preset.eval_size if eval_size is None else eval_size,
         }
-        for split in SPLITS:
-            if (folder / split_file(name, split)).exists() and not overwrite:
-                raise MechEvalError(f"{folder / split_file(name, split)} already exists; pass --overwrite to replace it")
         split_stats = {}
         for split in tqdm(SPLITS, desc=name, disable=not progress):
             data = task.generate(sizes[split], split, seed, workers)
             write_parquet_atomic(data.to_arrow(), folder / split_file(name, split), overwrite=overwrite)
             split_stats[split] = task_statistics(data) if len(data) else {}
-        entries.append({"preset": preset, "task": task, "sizes": sizes, "stats": split_stats})
-    write_text_atomic(folder / "README.md", dataset_card(entries, seed), overwrite=True)
+        entry = {"preset": name, "description": preset.description, "generator_version": GENERATOR_VERSION,
+                 "seed": seed, "grammar_seed": getattr(task.config, "grammar_seed", None),
+                 "vocab_size": task.vocab_size, "config": task.config.to_dict(), "sizes": sizes, "stats": split_stats}
+        write_text_atomic(folder / name / CARD_ENTRY, json.dumps(entry, indent=2) + "\n", overwrite=True)
+    write_text_atomic(card_path, dataset_card(_card_entries(folder, presets)), overwrite=True)
     return folder
 
 
-def regenerate_command(preset: str, task, seed: int) -> str:
+CARD_ENTRY = "card.json"
+
+
+def _is_our_card(path: Path) -> bool:
+    text = path.read_text(errors="replace")
+    if not text.startswith("---"):
+        return False
+    try:
+        meta = yaml.safe_load(text.split("---")[1])
+    except yaml.YAMLError:
+        return False
+    return isinstance(meta, dict) and "hf-mecheval" in (meta.get("tags") or [])
+
+
+def _card_entries(folder: Path, first: list[str]) -> list[dict]:
+    """The card sections of every preset with all its splits in the folder: ``first`` in order,
+    then the others by name."""
+    entries = {}
+    for path in sorted(folder.glob(f"*/{CARD_ENTRY}")):
+        name = path.parent.name
+        if not all((folder / split_file(name, split)).exists() for split in SPLITS):
+            continue
+        try:
+            entries[name] = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            raise MechEvalError(f"{path} is damaged; publish {name} again with --overwrite") from None
+    order = [n for n in first if n in entries] + sorted(n for n in entries if n not in first)
+    return [entries[n] for n in order]
+
+
+def regenerate_command(preset: str, seed: int, grammar_seed: int | None) -> str:
     """The ``mecheval data generate`` command that writes one split of this data again."""
-    grammar = getattr(task.config, "grammar_seed", None)
     return (f"mecheval data generate {preset} --split SPLIT -n N --seed {seed}"
-            + ("" if grammar is None else f" --grammar-seed {grammar}") + " --out FILE.parquet")
+            + ("" if grammar_seed is None else f" --grammar-seed {grammar_seed}") + " --out FILE.parquet")
 
 
-def dataset_card(entries: list[dict], seed: int) -> str:
+def dataset_card(entries: list[dict]) -> str:
+    """README.md with the ``configs:`` YAML that ``load_dataset(folder, preset)`` reads; ``entries``
+    as written to ``<preset>/card.json``."""
     configs = [
         {
-            "config_name": e["preset"].name,
-            "data_files": [{"split": s, "path": f"{e['preset'].name}/{s}-*.parquet"} for s in SPLITS],
+            "config_name": e["preset"],
+            "data_files": [{"split": s, "path": f"{e['preset']}/{s}-*.parquet"} for s in SPLITS],
             **({"default": True} if i == 0 else {}),
         }
         for i, e in enumerate(entries)
     ]
-    tasks = sorted({e["preset"].task for e in entries})
+    tasks = sorted({get_preset(e["preset"]).task for e in entries})
     meta = {
         "license": "apache-2.0",
         "pretty_name": "hf-mecheval " + " / ".join(t.upper() for t in tasks),
@@ -93,8 +137,7 @@ def dataset_card(entries: list[dict], seed: int) -> str:
     lines += [
         f"# {meta['pretty_name']}",
         "",
-        "Synthetic in-context retrieval data made by hf-mecheval "
-        f"(generator version {GENERATOR_VERSION}, data seed {seed}). Regenerate any split byte for byte with",
+        "Synthetic in-context retrieval data made by hf-mecheval. Regenerate any split byte for byte with",
         "the command given under its configuration below.",
         "",
         "Each row is one document. Token ids: PAD=0, BOS=1, EOS=2. Columns: `input_ids`; `labels` "
@@ -105,17 +148,17 @@ def dataset_card(entries: list[dict], seed: int) -> str:
         "",
         "```python",
         "from datasets import load_dataset",
-        f"ds = load_dataset(\"path/or/repo\", \"{entries[0]['preset'].name}\")",
+        f"ds = load_dataset(\"path/or/repo\", \"{entries[0]['preset']}\")",
         "```",
         "",
     ]
     for e in entries:
-        p, task = e["preset"], e["task"]
-        lines += [f"## `{p.name}`", "", p.description, "",
-                  f"- vocabulary size: {task.vocab_size}",
+        lines += [f"## `{e['preset']}`", "", e["description"], "",
+                  f"- vocabulary size: {e['vocab_size']}",
                   "- sizes: " + ", ".join(f"{s} {n}" for s, n in e["sizes"].items()),
-                  f"- regenerate a split: `{regenerate_command(p.name, task, seed)}`",
-                  f"- configuration: `{json.dumps(task.config.to_dict())}`", ""]
+                  f"- data seed {e['seed']}, generator version {e['generator_version']}",
+                  f"- regenerate a split: `{regenerate_command(e['preset'], e['seed'], e['grammar_seed'])}`",
+                  f"- configuration: `{json.dumps(e['config'])}`", ""]
         stats = {s: v for s, v in e["stats"].items() if v}
         if stats:
             keys = list(next(iter(stats.values())))

@@ -15,6 +15,7 @@ import torch
 from transformers import TrainingArguments
 
 from ..errors import ConfigError
+from ..typed_config import check_int
 from ..models import MODEL_CLASSES
 from ..tasks.presets import PRESETS
 
@@ -39,6 +40,11 @@ class ModelArguments:
             raise ConfigError("architecture", f"unknown architecture {self.architecture!r}; choose one of "
                                               f"{', '.join(MODEL_CLASSES)}")
         extra = _json_object("model_config", self.model_config)
+        known = MODEL_CLASSES[self.architecture][0].field_names()
+        unknown = sorted(set(extra) - set(known))
+        if unknown:   # a typo would otherwise be kept as an inert attribute of the config
+            raise ConfigError("model_config", f"unknown field {unknown[0]!r} for {self.architecture}; its fields: "
+                                              f"{', '.join(known)}")
         fields = {"hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
                   "kernels": self.kernels, **extra}
         if self.max_position_embeddings is not None:
@@ -111,10 +117,24 @@ def _json_object(field: str, text: str | dict) -> dict:
     return value
 
 
-def validate(model: ModelArguments, data: DataArguments, run: RunArguments, training) -> None:
-    """Everything that can be checked before any work starts."""
-    model.config_fields()
-    data.task_overrides()
+SEED_LIMIT = 2**32 - 1   # transformers.set_seed seeds numpy's legacy global generator
+
+
+def validate(model: ModelArguments, data: DataArguments, run: RunArguments, training):
+    """Everything that can be checked before any work starts (and before an existing run is
+    replaced): every argument, the task's and the model's configuration. Returns the task."""
+    from ..tasks import build_task
+
+    fields = model.config_fields()                        # checks the architecture's name first
+    task = build_task(data.task, **data.task_overrides())
+    MODEL_CLASSES[model.architecture][0](vocab_size=task.vocab_size, **fields)
+    check_int("seed", training.seed, minimum=0, maximum=SEED_LIMIT)
+    check_int("dataset_seed", data.dataset_seed, minimum=0)
+    check_int("per_device_train_batch_size", training.per_device_train_batch_size, minimum=1)
+    check_int("per_device_eval_batch_size", training.per_device_eval_batch_size, minimum=1)
+    check_int("restoration_every_n_steps", run.restoration_every_n_steps, minimum=0)
+    if run.restoration_every_n_steps > 0:
+        check_int("restoration_examples", run.restoration_examples, minimum=1)
     if run.recipe not in ("reference", "quick"):
         raise ConfigError("recipe", f"must be 'reference' or 'quick', got {run.recipe!r}")
     if training.learning_rate <= 0:
@@ -129,3 +149,4 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
         raise ConfigError("output_dir", "a run directory is required (--output_dir RUN_DIR)")
     if run.resume and run.overwrite:
         raise ConfigError("resume", "--resume and --overwrite exclude each other")
+    return task

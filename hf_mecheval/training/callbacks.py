@@ -15,6 +15,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from ..interventions.grid import cell, run_grid
+from ..io_utils import write_text_atomic
 
 
 class RestorationCallback(TrainerCallback):
@@ -48,4 +49,4 @@ class RestorationCallback(TrainerCallback):
             state.log_history.append(self.measure(model, state.global_step))
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "restoration_history.json").write_text(json.dumps(self.history, indent=1) + "\n")
+        write_text_atomic(out / "restoration_history.json", json.dumps(self.history, indent=1) + "\n", overwrite=True)

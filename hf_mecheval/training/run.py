@@ -15,8 +15,10 @@ Run directory (written by the main process only; never overwritten unless --over
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import pickle
 import shlex
 import shutil
 import sys
@@ -46,8 +48,9 @@ def is_finished(run_dir: str | os.PathLike) -> bool:
 
 def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool) -> str | None:
     """Check the run directory against --resume / --overwrite; returns the checkpoint to resume from.
-    Only the main process checks and clears the directory (it runs first; the others then only look
-    up the checkpoint), so processes never race on it."""
+    Only the main process checks the directory (it runs first; the others then only look up the
+    checkpoint), so processes never race on it. Nothing is deleted here: a run replaced with
+    --overwrite is removed by ``_start_run_dir`` once the new run's data and model are built."""
     if not main_process:
         return get_last_checkpoint(str(run_dir)) if run.resume else None
     exists = run_dir.exists() and any(run_dir.iterdir())
@@ -63,9 +66,17 @@ def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool) -> st
         return checkpoint
     if exists and not run.overwrite:
         raise MechEvalError(f"{run_dir} already holds a run; pass --resume to continue it or --overwrite to replace it")
-    if exists:
-        shutil.rmtree(run_dir)
     return None
+
+
+def _start_run_dir(run_dir: Path, command: str, record: dict) -> None:
+    """A fresh run directory (replacing an old run, which ``_prepare_run_dir`` allowed) with the
+    command and the resolved arguments."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir) if run_dir.is_dir() else run_dir.unlink()
+    run_dir.mkdir(parents=True)
+    write_text_atomic(run_dir / "command.txt", command + "\n")
+    write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
 
 
 def _check_checkpoint(path: Path) -> None:
@@ -165,11 +176,10 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
     splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
     model = build_run_model(model_args, task, training_args.seed, max(int(d.lengths.max()) for d in data.values()))
 
-    if main_process and checkpoint is None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir / "command.txt", (command or " ".join(map(shlex.quote, sys.argv))) + "\n")
-        record = run_record(model, model_args, data_args, run_args, training_args, task, train_size, eval_size)
-        write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
+    with training_args.main_process_first(desc="run directory"):
+        if main_process and checkpoint is None:
+            record = run_record(model, model_args, data_args, run_args, training_args, task, train_size, eval_size)
+            _start_run_dir(run_dir, command or " ".join(map(shlex.quote, sys.argv)), record)
 
     callbacks = list(callbacks)
     if run_args.restoration_every_n_steps > 0:
@@ -190,7 +200,7 @@ def run_trainer(trainer: Trainer, checkpoint: str | None) -> None:
     """trainer.train(), with damaged checkpoints reported as such."""
     try:
         trainer.train(resume_from_checkpoint=checkpoint)
-    except (OSError, RuntimeError, ValueError, json.JSONDecodeError) as exc:
+    except (OSError, RuntimeError, ValueError, json.JSONDecodeError, pickle.UnpicklingError, EOFError) as exc:
         if checkpoint is None:
             raise
         raise MechEvalError(f"cannot resume from {checkpoint}: {type(exc).__name__}: "
@@ -201,7 +211,7 @@ def parse(argv: Sequence[str]):
     """Arguments from the command line; a leading .yaml/.json file supplies defaults that later
     flags override. Unknown keys in the file or on the command line are errors."""
     parser = HfArgumentParser(
-        ARGUMENT_TYPES, allow_abbrev=False,
+        ARGUMENT_TYPES, allow_abbrev=False, exit_on_error=False,
         description="Train one model into a run directory. A stacked run (several runs that differ only in "
                     "learning rate and seed, trained together) is started instead with: --stack STACK.json "
                     "[--resume | --overwrite]; see hf_mecheval/training/stacked.py.")
@@ -215,7 +225,26 @@ def parse(argv: Sequence[str]):
         if not isinstance(values, dict):
             raise MechEvalError(f"the run config {path} must be a mapping of argument names to values")
         argv = as_flags(values) + argv
-    return parser.parse_args_into_dataclasses(args=argv)
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except argparse.ArgumentError as exc:    # a value of the wrong type or not among the choices
+        raise MechEvalError(str(exc)) from None
+    except ValueError as exc:                # unknown keys in a config file or on the command line
+        raise MechEvalError(str(exc).splitlines()[0]) from None
+
+
+def resolve_run_args(args: dict) -> dict:
+    """A run's arguments (as in a sweep file) checked like ``mecheval train`` would check them
+    (parsed, then ``validate``), before any run starts; numbers given as strings ("1e-4", as YAML
+    reads that) come back as numbers."""
+    parsed = parse(as_flags(args) + ["--output_dir", "."])
+    validate(*parsed)
+    resolved = {}
+    for key, value in args.items():
+        typed = next(getattr(group, key) for group in parsed if hasattr(group, key))
+        numeric = isinstance(typed, (int, float)) and not isinstance(typed, bool)
+        resolved[key] = typed if numeric else value
+    return resolved
 
 
 def as_flags(values: dict) -> list[str]:
@@ -245,10 +274,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         if argv[:1] == ["--stack"]:
             result, main_process = _train_stack(argv, command), True
         else:
-            try:
-                model_args, data_args, run_args, training_args = parse(argv)
-            except ValueError as exc:  # unknown keys in a config file or on the command line
-                raise MechEvalError(str(exc).splitlines()[0]) from None
+            model_args, data_args, run_args, training_args = parse(argv)
             result = train(model_args, data_args, run_args, training_args, command=command)
             main_process = training_args.process_index == 0
     except MechEvalError as exc:

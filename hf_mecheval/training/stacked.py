@@ -244,6 +244,15 @@ def check_compatible(members: list[Member]) -> None:
     if first.args[2].restoration_every_n_steps > 0:
         raise ConfigError("restoration_every_n_steps", "the restoration callback is not available in stacked runs; "
                                                       "train such runs alone")
+    # each copy is unstacked into its own directory: two copies sharing one would lose one run
+    dirs = {}
+    for m in members:
+        out = Path(m.training.output_dir).resolve()
+        for other, other_dir in dirs.items():
+            if out == other_dir or out in other_dir.parents or other_dir in out.parents:
+                raise ConfigError("output_dir", f"runs {other} and {m.name} would write into the same directory "
+                                                f"({m.training.output_dir}); give each run its own")
+        dirs[m.name] = out
 
 
 def _prepare_stack_dir(stack_dir: Path, members: list[Member], resume: bool, overwrite: bool) -> str | None:

@@ -36,6 +36,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ import yaml
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import write_text_atomic
 from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments
-from .run import METRICS_FILE, as_flags, is_finished
+from .run import METRICS_FILE, as_flags, is_finished, resolve_run_args
 
 RUN_FIELDS = {f.name for cls in (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
               for f in dataclasses.fields(cls)} - {"output_dir", "resume", "overwrite"}
@@ -87,9 +88,14 @@ class Sweep:
         unknown = sorted(set(spec) - set(SWEEP_KEYS))
         if unknown:
             raise ConfigError(unknown[0], f"unknown sweep key in {source}; allowed: {', '.join(SWEEP_KEYS)}")
-        if not spec.get("name") or not isinstance(spec["name"], str):
-            raise ConfigError("name", f"{source} needs a name (a string)")
-        defaults = dict(spec.get("defaults") or {})
+        name = spec.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ConfigError("name", f"{source} needs a name made of letters, digits, '.', '_' and '-' (it names "
+                                      f"the sweep's directory), got {name!r}")
+        defaults = spec.get("defaults") or {}
+        if not isinstance(defaults, dict):
+            raise ConfigError("defaults", f"must be a mapping from argument names to values, got {defaults!r}")
+        defaults = dict(defaults)
         if "task" in spec:
             defaults["task"] = spec["task"]
         grids = spec.get("grids") or [{}]
@@ -103,8 +109,21 @@ class Sweep:
         for grid in grids:
             grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
             grid.setdefault("seed", seeds if isinstance(seeds, list) else [seeds])
+            for key, values in grid.items():
+                if not values:
+                    raise ConfigError("seeds" if key == "seed" else key, f"an empty list in {source} gives no runs")
             grid_fields += [k for k in grid if k not in grid_fields]
             expanded += [{**defaults, **dict(zip(grid, values))} for values in itertools.product(*grid.values())]
+        # every run checked as `mecheval train` would check it, before any starts
+        resolved = {}
+        for i, args in enumerate(expanded):
+            key = json.dumps(args, sort_keys=True, default=str)
+            if key not in resolved:
+                try:
+                    resolved[key] = resolve_run_args(args)
+                except MechEvalError as exc:
+                    raise MechEvalError(f"{source}: {exc} (run {json.dumps(args, default=str)})") from None
+            expanded[i] = resolved[key]
         # a run's name shows the fields that tell it apart from the other runs of the sweep
         def shown(key):
             values = {json.dumps(args.get(key), sort_keys=True, default=str) for args in expanded}
@@ -129,11 +148,22 @@ def run_name(args: dict, keys: list[str]) -> str:
     for key in keys:
         value = args[key]
         if isinstance(value, float):
-            value = f"{value:.0e}" if value < 0.01 else f"{value:g}"
+            value = _short_float(value)
         elif isinstance(value, dict):
             value = "-".join(f"{k}{v}" for k, v in sorted(value.items()))
         parts.append(f"{_SHORT.get(key, key)}{value}")
     return "_".join(str(p).replace("/", "-").replace(" ", "") for p in parts) or "run"
+
+
+def _short_float(value: float) -> str:
+    """1e-04, 2.5e-03, 0.03: exact, and as short as that allows (small values in e-notation)."""
+    if value == 0 or abs(value) >= 0.01:
+        return f"{value:g}"
+    for digits in range(0, 16):
+        text = f"{value:.{digits}e}"
+        if float(text) == value:
+            return text
+    return repr(value)
 
 
 # ---------------------------------------------------------------------------------- stacking

@@ -27,7 +27,7 @@ def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys):
             value = r[f"@{p}"]
             assert ("n/a" if value is None else f"{value:.2f}") in line
         assert r["mechanism"] in line
-    assert len(summary["checks"]) == 7 and all(("reproduced" in report) for _ in summary["checks"])
+    assert len(summary["checks"]) == 8 and all(("reproduced" in report) for _ in summary["checks"])
     assert "mamba (conv 0)" in printed and "report:" in printed
     runs = list(csv.DictReader((out / "runs.csv").open()))
     assert len(runs) == 8

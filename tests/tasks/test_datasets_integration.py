@@ -84,3 +84,19 @@ def test_dataset_card_command_regenerates_a_split_byte_for_byte(tmp_path):
         argv = shlex.split(command.replace("SPLIT", "test").replace("-n N", "-n 10").replace("FILE.parquet", str(out)))
         assert main(argv[1:]) == 0
         assert out.read_bytes() == (folder / preset / "test-00000-of-00001.parquet").read_bytes()
+
+
+def test_publishing_more_presets_keeps_the_card_whole_and_never_replaces_a_foreign_readme(tmp_path):
+    folder = tmp_path / "pub"
+    folder.mkdir()
+    (folder / "README.md").write_text("my own notes\n")
+    with pytest.raises(MechEvalError, match="not a card written by"):
+        materialize(["ar_32"], folder, train_size=8, eval_size=4, progress=False)
+    assert (folder / "README.md").read_text() == "my own notes\n" and not (folder / "ar_32").exists()
+    (folder / "README.md").unlink()
+    materialize(["ar_32"], folder, train_size=8, eval_size=4, progress=False)
+    materialize(["atr_easy"], folder, train_size=8, eval_size=4, seed=3, progress=False)   # a second call
+    for preset in ("ar_32", "atr_easy"):
+        assert len(datasets.load_dataset(str(folder), preset, split="train")) == 8
+    card = (folder / "README.md").read_text()
+    assert "## `ar_32`" in card and "## `atr_easy`" in card and "--seed 3 --grammar-seed 0" in card

@@ -1,11 +1,12 @@
 """Sweep files, both launchers, skipping and resuming, and the results table."""
 import importlib.util
 import json
+import re
 
 import pytest
 
 from hf_mecheval.cli import main as mecheval
-from hf_mecheval.errors import ConfigError
+from hf_mecheval.errors import ConfigError, MechEvalError
 from hf_mecheval.training.run import parse, train
 from hf_mecheval.training.sweep import Sweep, launch, results_table, write_results
 
@@ -23,17 +24,40 @@ def tiny_sweep(**grid):
 
 def test_expansion_names_and_errors():
     sweep = Sweep.from_dict({"name": "s", "task": "ar_32",
-                             "grids": [{"architecture": ["mamba", "h3"], "hidden_size": [16, 32],
-                                        "learning_rate": [1e-3, 3e-4], "model_config": [{"conv_kernel": 0}]},
-                                       {"architecture": "transformer", "learning_rate": 1e-3}],
+                             "grids": [{"architecture": ["mamba"], "hidden_size": [16, 32],
+                                        "learning_rate": [1e-3, 3e-4], "model_config": [{"conv_kernel": 0}, {}]},
+                                       {"architecture": "transformer", "learning_rate": "1e-3"}],
                              "seeds": [0, 1]})
     assert len(sweep.runs) == 2 * 2 * 2 * 2 + 2
     assert len({r.name for r in sweep.runs}) == len(sweep.runs)
     assert "mamba_d16_lr1e-03_conv_kernel0_s0" in {r.name for r in sweep.runs}
+    # "1e-3" is how YAML reads 1e-3 (a string): checked and typed like `mecheval train` would
+    assert [r.args["learning_rate"] for r in sweep.runs if r.name.startswith("transformer")] == [1e-3, 1e-3]
     with pytest.raises(ConfigError, match="learning_rat"):
         Sweep.from_dict({"name": "s", "grids": [{"learning_rat": [1]}]})
     with pytest.raises(ConfigError, match="allowed: name"):
         Sweep.from_dict({"name": "s", "grid": []})
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"grids": [{"hidden_size": ["abc"]}]}, "invalid int value: 'abc'"),
+    ({"grids": [{"hidden_size": [-4]}]}, "hidden_size: must be >= 1"),
+    ({"grids": [{"architecture": ["h3"], "model_config": [{"conv_kernel": 0}]}]}, "unknown field 'conv_kernel' for h3"),
+    ({"grids": [{"hidden_size": []}]}, "hidden_size: an empty list"),
+    ({"seeds": []}, "seeds: an empty list"),
+    ({"seeds": "abc"}, "invalid int value: 'abc'"),
+    ({"defaults": [1, 2]}, "defaults: must be a mapping"),
+    ({"name": "../../x"}, "name:"),
+    ({"name": "/abs/path"}, "name:"),
+])
+def test_sweep_values_are_checked_when_the_sweep_loads(spec, message):
+    with pytest.raises(MechEvalError, match=re.escape(message)):
+        Sweep.from_dict({"name": "s", "task": "ar_32", **spec})
+
+
+def test_learning_rates_name_runs_exactly():
+    sweep = Sweep.from_dict({"name": "s", "task": "ar_32", "grids": [{"learning_rate": [2.0e-3, 2.4e-3, 2.5e-3, 0.03]}]})
+    assert [r.name.split("_")[0] for r in sweep.runs] == ["lr2e-03", "lr2.4e-03", "lr2.5e-03", "lr0.03"]
 
 
 def test_results_table_picks_learning_rate_on_validation():
@@ -69,9 +93,10 @@ def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_p
     table = json.loads((root / "results.json").read_text())["table"]
     assert len(table) == 1 and table[0]["learning_rates_tried"] == 2
     assert (root / "results.csv").exists() and "test accuracy" in (root / "results.md").read_text()
-    # a broken run fails alone
-    bad = tiny_sweep(architecture=["transformer", "mamba"], learning_rate=[0.001],
-                     model_config=[{"conv_kernel": -1}])
+    # a run that fails once started (its documents are longer than its position table) fails alone
+    bad = Sweep.from_dict({"name": "tiny", "task": "ar_32", "defaults": BASE,
+                           "grids": [{"architecture": ["transformer"]},
+                                     {"architecture": ["mamba"], "max_position_embeddings": [4]}]})
     outcome = launch(bad, tmp_path / "bad", progress=False)
     assert len(outcome["failed"]) == 1 and "mamba" in outcome["failed"][0]
     assert len(outcome["finished"]) == 1

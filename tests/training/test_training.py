@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 import hf_mecheval  # noqa: F401
+from hf_mecheval.errors import MechEvalError
 from hf_mecheval.training.run import main, parse, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +89,14 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     (["--model_config", "{conv"], "model_config: must be a JSON object"),
     (["--task_config", '{"num_kv": 7}'], "num_kv: must be even"),
     (["--recipe", "slow"], "recipe: must be 'reference' or 'quick'"),
+    (["--model_config", '{"conv_kernl": 0}'], "model_config: unknown field 'conv_kernl' for transformer"),
+    (["--hidden_size", "abc"], "invalid int value: 'abc'"),
+    (["--hidden_size", "-5"], "hidden_size: must be >= 1"),
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size: must be >= 1"),
+    (["--seed", "-1"], "seed: must be >= 0"),
+    (["--seed", str(2**32)], "seed: must be <= 4294967295"),
+    (["--dataset_seed", "-1"], "dataset_seed: must be >= 0"),
+    (["--restoration_every_n_steps", "5", "--restoration_examples", "0"], "restoration_examples: must be >= 1"),
 ])
 def test_bad_arguments_one_line_nonzero(tmp_path, capsys, extra, message):
     code = main(run_args(tmp_path / "run", *SHORT, *extra))
@@ -105,6 +114,18 @@ def test_existing_run_is_never_overwritten(tmp_path, capsys):
     assert (run / "notes.txt").read_text() == "precious"
     assert main(run_args(tmp_path / "empty", *SHORT, "--resume")) == 2
     assert "holds no run" in capsys.readouterr().err
+
+
+def test_overwrite_checks_the_new_run_before_removing_the_old(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(run_args(run, *SHORT, "--max_steps", "2")) == 0
+    before = sorted(p.name for p in run.iterdir())
+    for bad in (["--hidden_size", "-5"], ["--task_config", '{"num_kvv": 64}'], ["--per_device_train_batch_size", "0"]):
+        assert main(run_args(run, *SHORT, "--overwrite", *bad)) == 2
+        assert sorted(p.name for p in run.iterdir()) == before, bad
+    capsys.readouterr()
+    assert main(run_args(run, *SHORT, "--max_steps", "3", "--overwrite")) == 0
+    assert json.loads((run / "metrics.json").read_text())["final"]["global_step"] == 3
 
 
 def test_corrupt_checkpoint_gives_a_clear_error(tmp_path, capsys):
@@ -129,7 +150,7 @@ def test_yaml_config_with_overrides(tmp_path):
     assert json.loads(model.model_config) == {"conv_kernel": 2}
     bad = tmp_path / "bad.yaml"
     bad.write_text("task: ar_32\nlearning_rat: 0.1\n")
-    with pytest.raises(ValueError, match="learning_rat"):
+    with pytest.raises(MechEvalError, match="learning_rat"):
         parse([str(bad)])
 
 
@@ -149,3 +170,14 @@ def test_two_processes_through_accelerate_launch(tmp_path):
     assert metrics["final"]["world_size"] == 2
     model = AutoModelForCausalLM.from_pretrained(run)
     assert isinstance(model, torch.nn.Module)
+
+
+def test_corrupt_optimizer_state_gives_a_clear_error(tmp_path, capsys):
+    args = parse(run_args(tmp_path / "run", *SHORT))
+    with pytest.raises(KeyboardInterrupt):
+        train(*args, callbacks=[StopAt(20)])
+    (tmp_path / "run" / "checkpoint-20" / "optimizer.pt").write_bytes(b"garbage")
+    capsys.readouterr()
+    assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot resume from" in err[0]

@@ -1,0 +1,59 @@
+"""The JSON files of a run directory and of a results folder, read with the shape the reports
+rely on, so a damaged or foreign file is one clear error naming it (``io_utils.read_json``).
+
+Only the keys something reads without a default are required; everything else is optional.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import MechEvalError
+from ..io_utils import NUMBER, OPTIONAL_NUMBER, read_json
+
+# run.json, written by `mecheval train` (training.run.run_record)
+RUN_RECORD = {"model": dict, "task": {"preset": str, "config": dict}, "training": dict}
+# metrics.json, written last by `mecheval train`: its presence marks a finished run
+METRICS = {"final": {"validation_accuracy": NUMBER, "test_accuracy": NUMBER}}
+# interventions/interventions.json, written by `mecheval evaluate` (schema in interventions.grid)
+INTERVENTIONS = {
+    "corruptions": {"key": {"clean_accuracy": NUMBER,
+                            "cells": [{"site": str, "layer": int, "position": str, "restoration": OPTIONAL_NUMBER,
+                                       "restoration_ci": object}]}},
+    "mechanism": {"label": str, "confidence": str, "reason": str},
+}
+# restoration_history.json, written during training by the RestorationCallback
+RESTORATION_HISTORY = [{"step": int}]
+# results/<sweep>/runs.json: the rows of `mecheval report` (report.collect_runs)
+RESULT_ROWS = [{"label": str, "architecture": (str, type(None)), "task": str, "hidden_size": int, "layers": int,
+                "conv_kernel": object, "validation_accuracy": NUMBER, "test_accuracy": NUMBER}]
+
+
+def require_files(run_dir: str | Path, names=("run.json", "metrics.json")) -> None:
+    """A run directory is finished once `mecheval train` wrote these files (metrics.json last)."""
+    missing = [name for name in names if not (Path(run_dir) / name).is_file()]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise MechEvalError(f"{run_dir} is not a finished run: {', '.join(missing)} {verb} missing")
+
+
+def read_finished_run(run_dir: str | Path) -> tuple[dict, dict]:
+    """(run.json, metrics.json) of a finished run directory."""
+    require_files(run_dir)
+    return read_record(run_dir), read_metrics(run_dir)
+
+
+def read_record(run_dir: str | Path) -> dict:
+    return read_json(Path(run_dir) / "run.json", RUN_RECORD)
+
+
+def read_metrics(run_dir: str | Path) -> dict:
+    """metrics.json as a whole (``final`` and the optional ``history``)."""
+    return read_json(Path(run_dir) / "metrics.json", METRICS)
+
+
+def interventions_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "interventions" / "interventions.json"
+
+
+def read_interventions(path: str | Path) -> dict:
+    return read_json(path, INTERVENTIONS)
