@@ -64,7 +64,7 @@ def bench(arch: str, d: int, K: int, steps: int, rounds: int, data, device) -> d
     for k in range(K):
         torch.manual_seed(k)
         models.append(ours(arch, d).to(device))
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=lr) for m, lr in zip(models, lrs)]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=lr, fused=True) for m, lr in zip(models, lrs)]   # as the Trainer
     stacked = StackedCausalLM(models).to(device)
     stacked_opt = StackedAdamW(stacked.named_stacked_parameters(), lrs)
     data = [(i.to(device), l.to(device)) for i, l in data]
@@ -81,7 +81,7 @@ def batch_scaling(arch: str, d: int, K: int, steps: int, data) -> float:
     """time(batch 32*K) / time(batch 32) for one ordinary model: K means compute-bound."""
     torch.manual_seed(0)
     model = ours(arch, d)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     big = [(torch.cat([i] * K), torch.cat([l] * K)) for i, l in data]
     step = lambda i, l: sequential_step([model], [opt], i, l)   # noqa: E731
     step(*data[0])

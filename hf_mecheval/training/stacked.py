@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shlex
 import shutil
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from torch.optim.adamw import adamw as adamw_step
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -88,23 +88,28 @@ class StackedAdamW(torch.optim.Optimizer):
             for p in params:
                 p.grad.mul_(self._per_copy(scale, p))
         beta1, beta2 = group["betas"]
-        lr = self.learning_rates * group["lr"]                                              # (K,)
         for p in params:
             state = self.state[p]
             if not state:
-                state["step"] = 0
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
-            state["step"] += 1
-            t = state["step"]
-            lr_p = self._per_copy(lr, p)
-            if group["weight_decay"] and self.names[id(p)] in self.decay:
-                p.mul_(1 - lr_p * group["weight_decay"])
-            m, v = state["exp_avg"], state["exp_avg_sq"]
-            m.lerp_(p.grad, 1 - beta1)
-            v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
-            p.sub_(lr_p / (1 - beta1 ** t) * m / denom)
+            if not torch.is_tensor(state.get("step")):   # fresh, or a checkpoint that counted with an int
+                state["step"] = torch.full((p.shape[0],), float(state.get("step", 0)), device=p.device)
+        # torch's own fused AdamW, once per copy (and per weight-decay group) on the copy's slices:
+        # the same arithmetic as a lone run's optimizer (the Trainer's adamw_torch_fused), in place,
+        # ~4x faster here than the per-copy-broadcast form with its temporaries
+        decays = [bool(group["weight_decay"]) and self.names[id(p)] in self.decay for p in params]
+        groups = (([p for p, d in zip(params, decays) if d], group["weight_decay"]),
+                  ([p for p, d in zip(params, decays) if not d], 0.0))
+        for k, lr_k in enumerate((self.learning_rates * group["lr"]).tolist()):
+            for members, weight_decay in groups:
+                if not members:
+                    continue
+                adamw_step(
+                    [p[k] for p in members], [p.grad[k] for p in members],
+                    [self.state[p]["exp_avg"][k] for p in members], [self.state[p]["exp_avg_sq"][k] for p in members],
+                    [], [self.state[p]["step"][k] for p in members], fused=True, amsgrad=False, beta1=beta1,
+                    beta2=beta2, lr=lr_k, weight_decay=weight_decay, eps=group["eps"], maximize=False)
 
     def state_dict(self):
         state = super().state_dict()
