@@ -17,17 +17,21 @@ def inputs(seed=0, B=3, L=9, E=5, N=4):
     return [t.requires_grad_() for t in (x, dt, A, Bm, C)]
 
 
-def test_fused_scan_matches_reference_values_and_gradients():
-    assert torch.autograd.gradcheck(selective_scan, inputs())
-    a, b = inputs(1), inputs(1)
-    y_ref, _ = selective_scan_reference(*a)
-    y = selective_scan(*b)
+def assert_same_values_and_gradients(fast, reference, seed):
+    """fast(*inputs) and reference(*inputs) agree, and so do the gradients of every input."""
+    a, b = inputs(seed), inputs(seed)
+    y_ref, y = reference(*a), fast(*b)
     assert torch.allclose(y, y_ref, atol=1e-12)
     w = torch.randn_like(y)
     (y_ref * w).sum().backward()
     (y * w).sum().backward()
     for p, q in zip(a, b):
         assert torch.allclose(p.grad, q.grad, atol=1e-10)
+
+
+def test_fused_scan_matches_reference_values_and_gradients():
+    assert torch.autograd.gradcheck(selective_scan, inputs())
+    assert_same_values_and_gradients(selective_scan, lambda *t: selective_scan_reference(*t)[0], seed=1)
 
 
 def test_fused_scan_with_one_A_per_row_and_under_vmap():
@@ -62,15 +66,8 @@ def test_scan_at_kept_positions_matches_reference_values_and_gradients():
     # per-row positions, two per row (one of them the first position), in any order
     keep = torch.tensor([[8, 3], [0, 5], [6, 6]])
     assert torch.autograd.gradcheck(lambda *t: selective_scan_at(*t, keep), inputs(4))
-    a, b = inputs(5), inputs(5)
-    y_ref = _at(selective_scan_reference(*a)[0], keep)
-    y = selective_scan_at(*b, keep, ScanWorkspace())
-    assert torch.allclose(y, y_ref, atol=1e-12)
-    w = torch.randn_like(y)
-    (y_ref * w).sum().backward()
-    (y * w).sum().backward()
-    for p, q in zip(a, b):
-        assert torch.allclose(p.grad, q.grad, atol=1e-10)
+    assert_same_values_and_gradients(lambda *t: selective_scan_at(*t, keep, ScanWorkspace()),
+                                     lambda *t: _at(selective_scan_reference(*t)[0], keep), seed=5)
 
 
 def test_scan_at_kept_positions_under_vmap():
