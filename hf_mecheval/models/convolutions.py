@@ -106,15 +106,19 @@ class DirectCausalConv(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        u, k = ctx.saved_tensors
+        u_in, k_in = ctx.saved_tensors
+        # computed in the gradient's dtype (under autocast the forward ran in a lower precision than
+        # the saved inputs), returned in the inputs' dtypes, as autograd does for conv1d itself
+        u, k = u_in.to(g.dtype), k_in.to(g.dtype)
         B, L, C = u.shape
-        grad_u = _grouped_causal_conv(g.flip(1), k).flip(1) if ctx.needs_input_grad[0] else None
-        grad_k = None
+        grad_u = grad_k = None
+        if ctx.needs_input_grad[0]:
+            grad_u = _grouped_causal_conv(g.flip(1), k).flip(1).to(u_in.dtype)
         if ctx.needs_input_grad[1]:
             rows = F.pad(u.permute(2, 0, 1), (L - 1, 0)).reshape(1, C * B, 2 * L - 1)   # row c*B + b
             filters = g.permute(2, 0, 1).reshape(C * B, 1, L)
             per_row = F.conv1d(rows, filters, groups=C * B)[0]                         # (C*B, L), lag L-1-j
-            grad_k = per_row.view(C, B, L).sum(1).flip(-1)                            # (C, L)
+            grad_k = per_row.view(C, B, L).sum(1).flip(-1).to(k_in.dtype)              # (C, L)
         return grad_u, grad_k
 
 

@@ -40,7 +40,10 @@ class ModelArguments:
             raise ConfigError("architecture", f"unknown architecture {self.architecture!r}; choose one of "
                                               f"{', '.join(MODEL_CLASSES)}")
         extra = _json_object("model_config", self.model_config)
-        known = MODEL_CLASSES[self.architecture][0].field_names()
+        if "vocab_size" in extra:
+            raise ConfigError("model_config", "vocab_size comes from the task; set the task's vocabulary instead "
+                                              "(--task / --task_config)")
+        known = [f for f in MODEL_CLASSES[self.architecture][0].field_names() if f != "vocab_size"]
         unknown = sorted(set(extra) - set(known))
         if unknown:   # a typo would otherwise be kept as an inert attribute of the config
             raise ConfigError("model_config", f"unknown field {unknown[0]!r} for {self.architecture}; its fields: "

@@ -72,9 +72,11 @@ def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool) -> st
 def _start_run_dir(run_dir: Path, command: str, record: dict) -> None:
     """A fresh run directory (replacing an old run, which ``_prepare_run_dir`` allowed) with the
     command and the resolved arguments."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir) if run_dir.is_dir() else run_dir.unlink()
-    run_dir.mkdir(parents=True)
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        shutil.rmtree(run_dir)
+    elif run_dir.exists() and not run_dir.is_dir():
+        run_dir.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "command.txt", command + "\n")
     write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
 

@@ -60,14 +60,15 @@ class StackedAdamW(torch.optim.Optimizer):
                  betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, max_grad_norm: float = 0.0,
                  decay: set[str] | None = None):
         params = [p for _, p in named_params]
-        super().__init__(params, {"lr": 1.0, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        # fused: as torch's AdamW(fused=True), so that load_state_dict keeps "step" on the parameters' device
+        super().__init__(params, {"lr": 1.0, "betas": betas, "eps": eps, "weight_decay": weight_decay, "fused": True})
         self.names = {id(p): n for n, p in named_params}
         self.decay = decay if decay is not None else {n for n, _ in named_params}
         device = params[0].device
-        self.learning_rates = torch.tensor(list(learning_rates), dtype=torch.float32, device=device)   # (K,)
+        self.learning_rates = [float(lr) for lr in learning_rates]    # Python floats, as each lone run's
         self.max_grad_norm = max_grad_norm
-        self.last_grad_norms = torch.zeros_like(self.learning_rates)
-        self.diverged_at = torch.full_like(self.learning_rates, -1, dtype=torch.long)   # step, -1 = never
+        self.last_grad_norms = torch.zeros(len(self.learning_rates), device=device)                  # (K,)
+        self.diverged_at = torch.full((len(self.learning_rates),), -1, dtype=torch.long, device=device)   # -1 = never
         self.steps = 0
 
     @staticmethod
@@ -95,13 +96,16 @@ class StackedAdamW(torch.optim.Optimizer):
                 state["exp_avg_sq"] = torch.zeros_like(p)
             if not torch.is_tensor(state.get("step")):   # fresh, or a checkpoint that counted with an int
                 state["step"] = torch.full((p.shape[0],), float(state.get("step", 0)), device=p.device)
+            state["step"] = state["step"].to(p.device, torch.float32)
+            if not p.grad.is_contiguous():               # the fused kernel assumes dense slices
+                p.grad = p.grad.contiguous()
         # torch's own fused AdamW, once per copy (and per weight-decay group) on the copy's slices:
         # the same arithmetic as a lone run's optimizer (the Trainer's adamw_torch_fused), in place,
         # ~4x faster here than the per-copy-broadcast form with its temporaries
         decays = [bool(group["weight_decay"]) and self.names[id(p)] in self.decay for p in params]
         groups = (([p for p, d in zip(params, decays) if d], group["weight_decay"]),
                   ([p for p, d in zip(params, decays) if not d], 0.0))
-        for k, lr_k in enumerate((self.learning_rates * group["lr"]).tolist()):
+        for k, lr_k in enumerate(lr * group["lr"] for lr in self.learning_rates):
             for members, weight_decay in groups:
                 if not members:
                     continue
@@ -113,7 +117,7 @@ class StackedAdamW(torch.optim.Optimizer):
 
     def state_dict(self):
         state = super().state_dict()
-        state["stacked"] = {"learning_rates": self.learning_rates.tolist(), "diverged_at": self.diverged_at.tolist(),
+        state["stacked"] = {"learning_rates": self.learning_rates, "diverged_at": self.diverged_at.tolist(),
                             "steps": self.steps}
         return state
 

@@ -158,7 +158,7 @@ def run_name(args: dict, keys: list[str]) -> str:
 def _short_float(value: float) -> str:
     """1e-04, 2.5e-03, 0.03: exact, and as short as that allows (small values in e-notation)."""
     if value == 0 or abs(value) >= 0.01:
-        return f"{value:g}"
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
     for digits in range(0, 16):
         text = f"{value:.{digits}e}"
         if float(text) == value:

@@ -73,3 +73,18 @@ def test_short_conv_equals_depthwise_conv1d(width):
     x = torch.randn(2, 8, 5, dtype=torch.float64)
     want = F.conv1d(F.pad(x.transpose(1, 2), (width - 1, 0)), conv.weight, conv.bias, groups=5).transpose(1, 2)
     torch.testing.assert_close(conv(x), want)
+
+
+def test_direct_conv_under_bfloat16_autocast_matches_plain_autograd():
+    u, k = _inputs(dtype=torch.float32)
+    k = k[:, :u.shape[1]].contiguous()
+    grads = []
+    for conv in (DirectCausalConv.apply, _grouped_causal_conv):
+        a, b = u.clone().requires_grad_(), k.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = conv(a, b)
+        y.float().square().sum().backward()
+        assert a.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
+        grads.append((a.grad, b.grad))
+    for mine, want in zip(*grads):
+        torch.testing.assert_close(mine, want, atol=0.05, rtol=0.02)

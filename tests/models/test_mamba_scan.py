@@ -120,3 +120,23 @@ def test_state_patch_propagates_forward_only():
     handle.remove()
     assert torch.allclose(patched[:, :p], clean[:, :p], atol=1e-12)
     assert ((patched - clean)[:, p:].abs().amax(-1) > 1e-9).all()    # every later position moves
+
+
+def test_buffers_needed_by_a_pending_backward_are_never_reused():
+    # a second forward (with or without grad) before the first one's backward must not write into
+    # the buffers that backward reads; the gradients equal those of a lone forward and backward
+    torch.manual_seed(0)
+    model = build_model("mamba", vocab_size=11, hidden_size=8, d_state=4, num_hidden_layers=2, kernels="torch")
+    ids = torch.randint(3, 11, (2, 10))
+    labels = torch.full_like(ids, -100)
+    labels[:, -1] = ids[:, -1]
+    model(ids, labels=labels).loss.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for second in ("grad", "no_grad"):
+        model.zero_grad()
+        loss = model(ids, labels=labels).loss
+        with torch.set_grad_enabled(second == "grad"):
+            model(ids.flip(1), labels=labels)
+        loss.backward()
+        for n, p in model.named_parameters():
+            assert torch.allclose(p.grad, want[n], atol=1e-6), (second, n)

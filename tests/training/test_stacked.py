@@ -13,7 +13,7 @@ from hf_mecheval.models import MODEL_CLASSES
 from hf_mecheval.tasks.presets import build_task
 from hf_mecheval.training.data import PaddedTaskDataset, StackedBatchSampler, batch_collator, epoch_order
 from hf_mecheval.training.run import MechEvalTrainer, main, parse, train
-from hf_mecheval.training.stacked import Member, copy_history, train_stacked
+from hf_mecheval.training.stacked import Member, StackedAdamW, copy_history, train_stacked
 from hf_mecheval.training.sweep import Stack, Sweep, launch, plan_jobs
 
 from test_training import StopAt
@@ -213,3 +213,31 @@ def test_stacked_sweep_trains_resumes_and_skips(tmp_path):
     assert again["finished"] == [] and len(again["skipped"]) == 3
     with pytest.raises(ConfigError, match="stack"):
         launch(s, tmp_path, progress=False, stack=0)
+
+
+def test_stacked_adamw_is_torch_fused_adamw_on_each_copy():
+    """Every copy steps exactly as torch.optim.AdamW(fused=True) with its own learning rate, weight
+    decay on the decayed parameters only; the state survives a state_dict round trip."""
+    K, lrs = 3, [1e-3, 3e-3, 1e-2]
+    g = torch.Generator().manual_seed(0)
+    shapes = {"w": (K, 4, 5), "b": (K, 5)}
+    stacked = {n: torch.nn.Parameter(torch.randn(*s, generator=g)) for n, s in shapes.items()}
+    lone = [[torch.nn.Parameter(stacked[n].detach()[k].clone()) for n in shapes] for k in range(K)]
+    opt = StackedAdamW(list(stacked.items()), lrs, weight_decay=0.1, decay={"w"})
+    lone_opts = [torch.optim.AdamW([{"params": [w], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0}],
+                                   lr=lr, fused=True) for (w, b), lr in zip(lone, lrs)]
+    for step in range(4):
+        if step == 2:                          # resume mid-way, as from a checkpoint
+            state = opt.state_dict()
+            opt = StackedAdamW(list(stacked.items()), lrs, weight_decay=0.1, decay={"w"})
+            opt.load_state_dict(state)
+        grads = {n: torch.randn(*s, generator=g) for n, s in shapes.items()}
+        for n, p in stacked.items():
+            p.grad = grads[n].clone()
+        opt.step()
+        for k in range(K):
+            for p, n in zip(lone[k], shapes):
+                p.grad = grads[n][k].clone()
+            lone_opts[k].step()
+            for p, n in zip(lone[k], shapes):
+                assert torch.equal(stacked[n].detach()[k], p.detach()), (step, k, n)

@@ -56,8 +56,9 @@ def test_sweep_values_are_checked_when_the_sweep_loads(spec, message):
 
 
 def test_learning_rates_name_runs_exactly():
-    sweep = Sweep.from_dict({"name": "s", "task": "ar_32", "grids": [{"learning_rate": [2.0e-3, 2.4e-3, 2.5e-3, 0.03]}]})
-    assert [r.name.split("_")[0] for r in sweep.runs] == ["lr2e-03", "lr2.4e-03", "lr2.5e-03", "lr0.03"]
+    sweep = Sweep.from_dict({"name": "s", "task": "ar_32",
+                             "grids": [{"learning_rate": [2.0e-3, 2.4e-3, 2.5e-3, 0.03, 0.01234561]}]})
+    assert [r.name.split("_")[0] for r in sweep.runs] == ["lr2e-03", "lr2.4e-03", "lr2.5e-03", "lr0.03", "lr0.01234561"]
 
 
 def test_results_table_picks_learning_rate_on_validation():

@@ -90,6 +90,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     (["--task_config", '{"num_kv": 7}'], "num_kv: must be even"),
     (["--recipe", "slow"], "recipe: must be 'reference' or 'quick'"),
     (["--model_config", '{"conv_kernl": 0}'], "model_config: unknown field 'conv_kernl' for transformer"),
+    (["--model_config", '{"vocab_size": 10}'], "model_config: vocab_size comes from the task"),
     (["--hidden_size", "abc"], "invalid int value: 'abc'"),
     (["--hidden_size", "-5"], "hidden_size: must be >= 1"),
     (["--per_device_train_batch_size", "0"], "per_device_train_batch_size: must be >= 1"),

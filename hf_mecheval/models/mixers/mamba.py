@@ -128,8 +128,6 @@ class SelectiveScan(torch.autograd.Function):
         ctx.set_materialize_grads(False)     # else autograd fills zero gradients for dtx, dA, H
         ctx.save_for_backward(x, dt, A, B, C, dtx, dA, H)
         ctx.workspace = workspace
-        if workspace is not None and torch.is_grad_enabled():
-            workspace.busy = True
 
     @staticmethod
     def backward(ctx, gy, *unused):
@@ -158,8 +156,9 @@ class SelectiveScan(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, x, dt, A, B, C, workspace):
-        K, b = info.batch_size, x.shape[1 if in_dims[0] is not None else 0]
+        K = info.batch_size
         x, dt, B, C = _fold_copies(K, (x, dt, B, C), (in_dims[0], in_dims[1], in_dims[3], in_dims[4]))
+        b = x.shape[0] // K                                                     # rows per copy
         out = SelectiveScan.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C, workspace)
         return tuple(o.view(K, b, *o.shape[1:]) for o in out), (0, 0, 0, 0)
 
@@ -196,8 +195,20 @@ def _sum_to_decays(T: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
 
 def selective_scan(x, dt, A, B, C, workspace: ScanWorkspace | None = None) -> torch.Tensor:
     """y (B, L, E) of the fused scan; reuses the workspace's buffers unless a backward still needs them."""
+    return _with_workspace(SelectiveScan, workspace, x, dt, A, B, C)
+
+
+def _with_workspace(function, workspace: ScanWorkspace | None, *inputs) -> torch.Tensor:
+    """function.apply(*inputs, workspace)[0], lending the workspace's buffers only when no pending
+    backward still needs them, and marking them taken until this call's backward has run (which
+    frees them). An output that is never backpropagated leaves them taken: later calls then use
+    fresh memory, which is slower but safe. (Grad mode is off inside ``setup_context``, so the
+    decision is made here.)"""
     reuse = workspace is not None and not workspace.busy
-    return SelectiveScan.apply(x, dt, A, B, C, workspace if reuse else None)[0]
+    out = function.apply(*inputs, workspace if reuse else None)[0]
+    if reuse and torch.is_grad_enabled() and any(t.requires_grad for t in inputs if torch.is_tensor(t)):
+        workspace.busy = True
+    return out
 
 
 class SelectiveScanAt(torch.autograd.Function):
@@ -235,8 +246,6 @@ class SelectiveScanAt(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, dt, A, B, C, keep, *output[1:])
         ctx.workspace = workspace
-        if workspace is not None and torch.is_grad_enabled():
-            workspace.busy = True
 
     @staticmethod
     def backward(ctx, gy, *unused):
@@ -267,16 +276,16 @@ class SelectiveScanAt(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, x, dt, A, B, C, keep, workspace):
-        K, b = info.batch_size, x.shape[1 if in_dims[0] is not None else 0]
+        K = info.batch_size
         x, dt, B, C, keep = _fold_copies(K, (x, dt, B, C, keep), (*in_dims[:2], *in_dims[3:6]))
+        b = x.shape[0] // K                                                     # rows per copy
         out = SelectiveScanAt.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C, keep, workspace)
         return tuple(o.view(K, b, *o.shape[1:]) for o in out), (0,) * 7
 
 
 def selective_scan_at(x, dt, A, B, C, keep, workspace: ScanWorkspace | None = None) -> torch.Tensor:
     """y (B, k, E) at the kept positions (B, k), as ``selective_scan(...)`` gathered there."""
-    reuse = workspace is not None and not workspace.busy
-    return SelectiveScanAt.apply(x, dt, A, B, C, keep, workspace if reuse else None)[0]
+    return _with_workspace(SelectiveScanAt, workspace, x, dt, A, B, C, keep)
 
 
 class MambaMixer(nn.Module):
