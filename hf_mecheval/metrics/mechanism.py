@@ -3,8 +3,8 @@
 Evidence: key corrupted, residual stream patched at the input of the last layer, at the key,
 value and query positions (for 2-layer models: ``layers.1.input``).
 
-* induction (Transformer, Based): @value high, @query low — layer 0 copied the key's identity
-  into the value token, the last layer looks it up there;
+* induction (Transformer, Based): @value high, @query and @key low — layer 0 copied the key's
+  identity into the value token, the last layer looks it up there;
 * direct retrieval at the query (H3, Hyena where they work): @query high, @value low;
 * direct retrieval, key -> query (Mamba): @value low, @key + @query high with a real share at the
   key — the short convolution moves the key forward and the last layer reads it near the query;
@@ -13,7 +13,8 @@ value and query positions (for 2-layer models: ``layers.1.input``).
   not change its prediction (the restoration denominator is below threshold).
 
 Confidence: "high" when the bootstrap intervals lie entirely on the decisive side of the
-thresholds, "medium" when only the point estimates do, "low" for mixed.
+thresholds, "medium" when only the point estimates do (or there are no intervals: zero
+resamples, or a bootstrap that gave up on small denominators), "low" for mixed.
 """
 from __future__ import annotations
 
@@ -56,18 +57,20 @@ def classify(cells: dict[str, dict], clean_accuracy: float, min_accuracy: float 
         ci = cells[p].get("restoration_ci")
         return ci[1] if ci else point(p)
 
+    intervals = all(cells[p].get("restoration_ci") for p in ("key", "value", "query"))
     rules = [
-        ("induction", lambda f, g: f("value") >= HIGH and g("query") <= LOW,
-         "the value position restores, the query position does not"),
+        ("induction", lambda f, g: f("value") >= HIGH and g("query") <= LOW and g("key") <= LOW,
+         "the value position restores, the query and key positions do not"),
         ("direct_query", lambda f, g: f("query") >= HIGH and g("value") <= LOW and g("key") <= LOW,
          "the query position restores, the value position does not"),
         ("direct_key_query", lambda f, g: g("value") <= LOW and f("key") + f("query") >= HIGH and f("key") >= 0.15
          and f("query") >= 0.15, "key and query positions together restore, the value position does not"),
     ]
     for label, rule, reason in rules:
-        if rule(lo, hi):
+        if intervals and rule(lo, hi):
             return Mechanism(label, "high", reason + " (bootstrap intervals agree)", evidence)
         if rule(point, point):
-            return Mechanism(label, "medium", reason + " (point estimates; intervals overlap the thresholds)", evidence)
+            why = "intervals overlap the thresholds" if intervals else "no bootstrap intervals"
+            return Mechanism(label, "medium", f"{reason} (point estimates; {why})", evidence)
     return Mechanism("mixed", "low", f"@key {point('key'):.2f}, @value {point('value'):.2f}, "
                                      f"@query {point('query'):.2f}: no single mechanism dominates", evidence)

@@ -134,3 +134,46 @@ def test_every_cell_equals_a_full_forward_with_one_hook(arch):
             handle.remove()
             p = torch.softmax(logits[rows, col("query_pos")], -1)[rows, col("answer")]
             assert torch.allclose(ours["p_patched"][site][name], p, atol=1e-5), (site, name)
+
+
+def test_answer_position_check_is_measured_and_catches_a_model_that_reads_the_future():
+    torch.manual_seed(0)
+    model = build_model("transformer", vocab_size=TASK.vocab_size, hidden_size=16, max_position_embeddings=16).eval()
+    engine = InterventionEngine(model)
+    d, ids, broken, col = _batch(model, n=6)
+    # (at layers.0.input the answer token's embedding is the same in both documents: nothing to patch)
+    sites = ["layers.1.input", "layers.0.mlp_output"]
+    rows = torch.arange(len(ids))
+    _, clean = engine.cache(ids, sites)
+
+    def answer_cells():
+        out = engine.run(ids, broken, {"answer": col("answer_pos")}, col("query_pos"), col("answer"), sites)
+        return out["p_corrupt"], {s: out["p_patched"][s]["answer"] for s in sites}
+
+    def naive(site):          # the whole corrupted forward with the clean activation at the answer
+        def hook(module, inputs, output):
+            output = output.clone()
+            output[rows, col("answer_pos")] = clean[site][rows, col("answer_pos")]
+            return output
+        handle = model.get_site(site).register_forward_hook(hook)
+        with torch.no_grad():
+            logits = model(broken).logits
+        handle.remove()
+        return torch.softmax(logits[rows, col("query_pos")], -1)[rows, col("answer")]
+
+    p_corrupt, at_answer = answer_cells()
+    for site in sites:                      # a causal model: no effect at the answer position
+        assert torch.allclose(at_answer[site], p_corrupt, atol=1e-7)
+    # now break causality: the last mixer's output at t also sees (amplified) its input at t + 1
+    leak = model.get_site("layers.1.mixer_output").register_forward_hook(
+        lambda module, inputs, output: output + 100 * torch.roll(inputs[0], -1, dims=1))
+    try:
+        p_corrupt, at_answer = answer_cells()
+        want = naive("layers.1.input")
+    finally:
+        leak.remove()
+    # measured at the residual stream: it equals the naive forward and shows the leak (the effect
+    # of an untrained model is small in probability, but far above float32 rounding)
+    assert torch.allclose(at_answer["layers.1.input"], want, atol=1e-8)
+    assert (at_answer["layers.1.input"] - p_corrupt).abs().min() > 1e-6
+    assert torch.equal(at_answer["layers.0.mlp_output"], p_corrupt)         # elsewhere: the exact shortcut

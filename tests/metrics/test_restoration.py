@@ -48,6 +48,7 @@ def cells(key, value, query, width=0.0):
     ((0.45, 0.05, 0.5), 0.05, "direct_key_query", "high"),
     ((0.0, 0.7, 0.2), 0.2, "induction", "medium"),
     ((0.3, 0.4, 0.3), 0.05, "mixed", "low"),
+    ((1.0, 1.0, 0.0), 0.05, "mixed", "low"),            # @key restores too: not the induction signature
 ])
 def test_mechanism_labels(scores, width, label, confidence):
     m = classify(cells(*scores, width), clean_accuracy=0.99)
@@ -59,3 +60,9 @@ def test_failed_models():
     assert classify(cells(0, 1, 0), clean_accuracy=0.1).label == "failed"
     none = {p: {"restoration": None} for p in ("key", "value", "query")}
     assert "denominator" in classify(none, clean_accuracy=0.9).reason
+
+
+def test_without_intervals_confidence_is_at_most_medium():
+    no_ci = {p: {"restoration": v, "restoration_ci": None} for p, v in (("key", 0.0), ("value", 1.0), ("query", 0.0))}
+    m = classify(no_ci, clean_accuracy=0.99)
+    assert (m.label, m.confidence) == ("induction", "medium") and "no bootstrap intervals" in m.reason
