@@ -11,7 +11,7 @@ For a batch of (clean, corrupted) document pairs it runs
 
 So the grid costs one forward of the late layers per (site, position set) instead of one full
 forward per cell. Exact shortcuts: a patch after the query (or nowhere) leaves the corrupted
-prediction (computed anyway at ``layers.L.input``, as the causality check); ``layers.L.output`` is patched as ``layers.{L+1}.input`` (the same tensor), and the
+prediction (computed anyway at ``layers.L.input``, L >= 1, as the causality check); ``layers.L.output`` is patched as ``layers.{L+1}.input`` (the same tensor), and the
 last layer's output needs no layer at all. Models expose the backbone protocol of ``MechEvalForCausalLM``:
 ``model.model.embed``, ``model.model.layers`` (blocks taking and returning the residual stream),
 ``model.model.norm_f``, ``model.lm_head``, and ``get_site(name)``.
@@ -132,15 +132,17 @@ class InterventionEngine:
         stacked = torch.stack([positions[n] for n in names]).reshape(-1)        # (P*B,) name-major
         # Every mixer is causal: a patch after the query (the answer position) or nowhere (-1)
         # cannot change the prediction at the query, which stays the corrupted run's, so those
-        # rows are not run — except at the residual stream entering each layer (layers.L.input),
+        # rows are not run — except at the residual stream entering layers 1.. (layers.L.input),
         # where they are: the answer position's no-effect check (SPEC §5) stays a real measurement
-        # there, and a mixer that leaked the future would show in it.
+        # there, and a later mixer that leaked the future would show in it. (Entering layer 0 the
+        # answer position holds the same token in both documents: a patch there changes nothing.)
         example = torch.arange(B, device=stacked.device).repeat(len(names))     # (P*B,)
         patched = stacked >= 0
         live = patched & (stacked <= query_pos[example])
         for site in sites:
             layer = site_layer(site)
-            rows = (patched if site == f"layers.{layer}.input" else live).nonzero()[:, 0]
+            measured = layer > 0 and site == f"layers.{layer}.input"
+            rows = (patched if measured else live).nonzero()[:, 0]
             p = p_corrupt[example].clone()                                      # (P*B,)
             if len(rows):
                 src = example[rows]
