@@ -7,7 +7,7 @@ models issue asks for: our Transformer >= 4x faster than GPT2; our Mamba >= 10x 
 Mamba's default path and >= 3x faster than HF Mamba + mambapy; every architecture within 3x
 of our Transformer at hidden 64.
 
-    python benchmarks/bench_models.py [--hidden 64 256] [--steps 10] [--rounds 3] [--only mamba transformer]
+    python benchmarks/bench_models.py [--hidden 64 256] [--steps 10] [--rounds 3] [--only mamba transformer] [--device cuda]
 """
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def batches(n: int):
 
 
 def time_steps(model, optimizer, data) -> list[float]:
+    cuda = data[0][0].is_cuda
     times = []
     for ids, labels in data:
         t0 = time.perf_counter()
@@ -66,6 +67,8 @@ def time_steps(model, optimizer, data) -> list[float]:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
     return times
 
@@ -77,10 +80,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; models take turns within a round")
     parser.add_argument("--only", nargs="+", help="subset of model names")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu (the issue's setting) or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     archs = ["transformer", "based", "baseconv", "h3", "hyena", "mamba", "deltanet"]
-    data = batches(args.steps)
+    data = [(i.to(args.device), l.to(args.device)) for i, l in batches(args.steps)]
     results: dict[tuple[str, int], float] = {}
     for d in args.hidden:
         makers = {f"ours-{a}": (lambda a=a: ours(a, d)) for a in archs}
@@ -90,7 +94,7 @@ def main() -> None:
         models = {}
         for name, make in makers.items():
             torch.manual_seed(0)
-            m = make().train()
+            m = make().to(args.device).train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0, fused=True)   # as Trainer (adamw_torch_fused)
             time_steps(m, opt, data[:2])                      # warm-up
             models[name] = (m, opt)
@@ -99,7 +103,7 @@ def main() -> None:
             for name, (m, opt) in models.items():
                 samples[name] += time_steps(m, opt, data)
         print(f"\nhidden {d}: median ms per training step (batch {BATCH}, length {LENGTH}, vocabulary {VOCAB}, "
-              f"{args.threads} threads)")
+              + (f"{args.threads} threads)" if args.device == "cpu" else f"{args.device})"))
         for name, s in samples.items():
             results[(name, d)] = statistics.median(s)
             print(f"  {name:<20} {results[(name, d)]:8.1f}   (min {min(s):.1f}, max {max(s):.1f})")

@@ -90,10 +90,26 @@ def batch_scaling(arch: str, d: int, K: int, steps: int, data) -> float:
     return timed(step, big, steps) / small_t
 
 
+def lone_runs_per_hour(arch: str, d: int, steps: int, data, device) -> float:
+    """Runs per hour of the reference AR recipe trained one at a time: the ordinary model (SDPA,
+    kernels where present) and fused AdamW, as a lone run trains."""
+    torch.manual_seed(0)
+    model = ours(arch, d).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    data = [(i.to(device), l.to(device)) for i, l in data]
+    step = lambda i, l: (sequential_step([model], [opt], i, l),                # noqa: E731
+                         torch.cuda.synchronize() if device == "cuda" else None)
+    step(*data[0])
+    return 3600 / (timed(step, data, steps) * STEPS_PER_RUN)
+
+
+STEPS_PER_RUN = -(-100_032 // BATCH) * 16     # the reference AR recipe: 100 032 documents x 16 epochs
+
+
 def runs_per_hour(arch: str, d: int, steps: int, data, device, max_stack: int) -> list[tuple[int, float]]:
-    """(K, runs per hour of the reference AR recipe: 100 032 documents x 16 epochs at batch 32)
-    for K = 1, 2, 4, ... up to ``max_stack`` or the first K that does not fit in memory."""
-    steps_per_run = -(-100_032 // BATCH) * 16
+    """(K, runs per hour of the reference AR recipe) for stacks of K = 1, 2, 4, ... up to
+    ``max_stack`` or the first K that does not fit in memory."""
+    steps_per_run = STEPS_PER_RUN
     out, K = [], 1
     data = [(i.to(device), l.to(device)) for i, l in data]
     while K <= max_stack:
@@ -133,6 +149,7 @@ def main() -> None:
     parser.add_argument("--runs-per-hour", action="store_true",
                         help="runs per hour of the AR recipe at hidden 64/128/256, stacks of 1, 2, 4, ... (GPU)")
     parser.add_argument("--max-stack", type=int, default=64)
+    parser.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256], help="--runs-per-hour widths")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -141,11 +158,13 @@ def main() -> None:
     if args.runs_per_hour:
         print(f"runs per hour of the AR recipe (50 016 steps of batch {BATCH}), {device}; stack size K")
         for arch in archs:
-            for d in (64, 128, 256):
+            for d in args.widths:
+                lone = lone_runs_per_hour(arch, d, args.steps, data, device)
                 figures = runs_per_hour(arch, d, args.steps, data, device, args.max_stack)
                 best = max(figures, key=lambda f: f[1])
-                print(f"{arch:<12} hidden {d:>3}: " + ", ".join(f"K={k}: {r:.1f}" for k, r in figures)
-                      + f"  -> K={best[0]} gives {best[1] / figures[0][1]:.1f}x one run at a time", flush=True)
+                print(f"{arch:<12} hidden {d:>3}: one at a time {lone:.1f}; stacked "
+                      + ", ".join(f"K={k}: {r:.1f}" for k, r in figures)
+                      + f"  -> K={best[0]} gives {best[1] / lone:.1f}x one run at a time", flush=True)
         return
     print(f"K = {args.copies} runs, hidden {args.hidden}, batch {BATCH}, {device}, {args.threads} threads; "
           f"ms per optimizer step of all K runs (median over {args.rounds} rounds x {args.steps} steps)")
