@@ -246,3 +246,48 @@ def test_kernel_path_matches_torch_path(arch):
     gerr = max((outs["cuda"][1][n] - outs["torch"][1][n]).abs().max().item() for n in outs["cuda"][1])
     print(f"{arch}: forward max|diff| {err:.2e}, grad max|diff| {gerr:.2e}, speed-up {outs['torch'][2] / outs['cuda'][2]:.1f}x")
     assert err < 1e-3 and gerr < 1e-2
+
+
+def test_based_state_patch_replaces_the_normaliser_too():
+    # patching the state at p with the clean run's state = continuing the recurrence (step) from
+    # the clean S_p and z_p; the step form is the independent reference
+    torch.manual_seed(0)
+    mixer = tiny("based").model.layers[1].mixer.double()
+    B, L, p = 2, 7, 3
+    clean = torch.randn(B, L, mixer.q_proj.in_features, dtype=torch.float64)
+    broken = clean.clone()
+    broken[:, 1] = torch.randn(B, clean.shape[-1], dtype=torch.float64)        # a different token at 1
+
+    seen = {}
+    with_hook = mixer.state.register_forward_hook(lambda m, i, o: seen.setdefault("clean", o))
+    mixer(clean)
+    with_hook.remove()
+
+    def patch(m, i, o):
+        o = o.clone()
+        o[:, p] = seen["clean"][:, p]
+        return o
+
+    handle = mixer.state.register_forward_hook(patch)
+    got = mixer(broken)
+    handle.remove()
+
+    def run_steps(x, upto):
+        state, ys = None, []
+        for t in range(upto):
+            y, state = mixer.step(x[:, t], state)
+            ys.append(y)
+        return ys, state
+
+    ys, _ = run_steps(broken, p)
+    _, (S, z) = run_steps(clean, p + 1)                     # the clean state at p
+    q, k, v = (t[:, :, 0] for t in mixer._qkv(broken[:, p:p + 1]))
+    fk = mixer.feature_map(k)
+    # the state before p that makes step(broken token p) land on the clean S_p, z_p
+    prev = (S - fk[..., :, None] * v[..., None, :], z - fk)
+    y, state = mixer.step(broken[:, p], prev)
+    ys.append(y)
+    for t in range(p + 1, L):
+        y, state = mixer.step(broken[:, t], state)
+        ys.append(y)
+    torch.testing.assert_close(got, torch.stack(ys, dim=1))

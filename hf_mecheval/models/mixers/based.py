@@ -7,8 +7,10 @@ Taylor feature map of exp(q·k/sqrt(F)).
 
 Training uses the exact quadratic view (the kernel matrix is L x L; L is small here). The
 recurrent view keeps the running state S_t = sum_{s<=t} phi(k_s) v_s^T (features x head_dim)
-and the normaliser z_t = sum_{s<=t} phi(k_s); both views are tested equal. q/k/v/out
-projections have no bias (as in the reference)."""
+and the normaliser z_t = sum_{s<=t} phi(k_s); both views are tested equal. The ``state`` site
+shows the two together, [S_t | z_t] = sum_{s<=t} phi(k_s) [v_s, 1]^T, so a patch of the state
+replaces the normaliser too (else the output would mix a clean numerator with a corrupted
+denominator). q/k/v/out projections have no bias (as in the reference)."""
 from __future__ import annotations
 
 import math
@@ -30,8 +32,8 @@ class BasedLinearAttention(nn.Module):
         self.k_proj = nn.Linear(D, self.F * self.H, bias=False)
         self.v_proj = nn.Linear(D, D, bias=False)
         self.out_proj = nn.Linear(D, D, bias=False)
-        self.state = Site("running KV state S_t = sum phi(k_s) v_s^T, (batch, length, heads, 1+F+F^2, head_dim)",
-                          propagates_in_layer=True)
+        self.state = Site("running state [S_t | z_t] = sum phi(k_s) [v_s, 1]^T: the KV state and, in the last "
+                          "column, the normaliser, (batch, length, heads, 1+F+F^2, head_dim+1)", propagates_in_layer=True)
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
         # x: (..., F) -> (..., 1 + F + F^2)
@@ -61,15 +63,13 @@ class BasedLinearAttention(nn.Module):
     def _recurrent_view(self, q, k, v) -> torch.Tensor:
         """Outputs through the explicit state trajectory (what the ``state`` site shows)."""
         fq, fk = self.feature_map(q), self.feature_map(k)                  # (B, H, L, f)
-        kv = (fk[..., :, None] * v[..., None, :]).cumsum(2)                 # (B, H, L, f, hd)
-        states = kv.transpose(1, 2)                                          # (B, L, H, f, hd)
+        v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)            # [v, 1]: (B, H, L, hd+1)
+        states = (fk[..., :, None] * v1[..., None, :]).cumsum(2).transpose(1, 2)   # [S | z]: (B, L, H, f, hd+1)
         patched = self.state(states)
         if patched is not states:                                            # S_t = S_{t-1} + ...: carry the patch
             patched = rerun_from_patched_states(states, patched, lambda t, e: e)
-        z = fk.cumsum(2)                                                     # (B, H, L, f)
-        num = (fq[..., None, :] @ patched.transpose(1, 2)).squeeze(-2)     # (B, H, L, hd)
-        den = (fq * z).sum(-1, keepdim=True)
-        return num / (den + EPS)
+        out = (fq[..., None, :] @ patched.transpose(1, 2)).squeeze(-2)     # (B, H, L, hd+1)
+        return out[..., :-1] / (out[..., -1:] + EPS)                        # numerator / normaliser
 
     def step(self, x_t: torch.Tensor, state):
         """state: (S (B, H, f, hd), z (B, H, f))."""
