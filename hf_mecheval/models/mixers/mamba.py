@@ -203,12 +203,17 @@ def _with_workspace(function, workspace: ScanWorkspace | None, *inputs) -> torch
     backward still needs them, and marking them taken until this call's backward has run (which
     frees them). An output that is never backpropagated leaves them taken: later calls then use
     fresh memory, which is slower but safe. (Grad mode is off inside ``setup_context``, so the
-    decision is made here.)"""
+    decision is made here.) Inputs in a lower precision are scanned in float32; y comes back in
+    x's dtype."""
     reuse = workspace is not None and not workspace.busy
+    dtype = inputs[0].dtype
+    if any(t.is_floating_point() and t.dtype.itemsize < 4 for t in inputs):
+        # lower precision (e.g. under autocast): the scan itself runs in float32, as mamba-ssm's does
+        inputs = tuple(t.float() if t.is_floating_point() else t for t in inputs)
     out = function.apply(*inputs, workspace if reuse else None)[0]
     if reuse and torch.is_grad_enabled() and any(t.requires_grad for t in inputs if torch.is_tensor(t)):
         workspace.busy = True
-    return out
+    return out.to(dtype)
 
 
 class SelectiveScanAt(torch.autograd.Function):
