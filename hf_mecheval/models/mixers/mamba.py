@@ -62,6 +62,16 @@ class LinearScan(torch.autograd.Function):
         return grad_dA, G
 
 
+def linear_scan(dA: torch.Tensor, dBx: torch.Tensor) -> torch.Tensor:
+    """``LinearScan``; without gradients (interventions) it scans in place in ``dBx``, a temporary
+    of the caller's: one (B, L, E, N) copy fewer."""
+    if torch.is_grad_enabled() and (dA.requires_grad or dBx.requires_grad):
+        return LinearScan.apply(dA, dBx)
+    for t in range(1, dBx.shape[1]):
+        dBx[:, t].addcmul_(dA[:, t], dBx[:, t - 1])
+    return dBx
+
+
 def _reverse_scan(G: torch.Tensor, dA: torch.Tensor) -> torch.Tensor:
     """In place: G_t += dA_{t+1} * G_{t+1}, from the end (dLoss/dH_t through every later step)."""
     for t in range(G.shape[1] - 2, -1, -1):
@@ -355,11 +365,11 @@ class MambaMixer(nn.Module):
             y = selective_scan(x, dt, A, B, C, self._workspace)               # (B, L, E)
         else:  # the state trajectory goes through its Site, where it may be read or patched
             dA = torch.exp(dt[..., None] * A)                                  # (B, L, E, N)
-            H = LinearScan.apply(dA, (dt * x)[..., None] * B[:, :, None, :])
+            H = linear_scan(dA, (dt * x)[..., None] * B[:, :, None, :])
             patched = self.state(H)
             if patched is not H:
                 H = rerun_from_patched_states(H, patched, lambda t, e: dA[:, t] * e)
-            y = (H * C[:, :, None, :]).sum(-1)
+            y = (H @ C[..., None])[..., 0]                                     # C_t · h_t, (B, L, E)
         out = self.out_proj((y + self.D * x) * F.silu(z))
         return out if keep is None else at_positions(out, keep)
 
