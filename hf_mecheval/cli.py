@@ -235,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mecheval",
         description="Mechanistic evaluation of Transformers and state-space models on AR and ATR.",
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"hf-mecheval {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     data = commands.add_parser("data", help="generate, describe and publish task data",

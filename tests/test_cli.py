@@ -105,3 +105,11 @@ def test_train_records_a_command_that_can_be_typed_again(tmp_path):
             "--disable_tqdm", "true", "--output_dir", str(run)]
     assert main(argv) == 0
     assert (run / "command.txt").read_text().startswith("mecheval train --task ar_32 --architecture mamba ")
+
+
+def test_version(capsys):
+    import hf_mecheval
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"hf-mecheval {hf_mecheval.__version__}"
