@@ -228,6 +228,10 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel):
     positions; 2D (batch, k) integer tensor = per-row positions); default all.
     """
 
+    # the loss is a mean over the batch's answers: the Trainer must divide it by the gradient
+    # accumulation steps itself (it skips that for models that take num_items_in_batch)
+    accepts_loss_kwargs = False
+
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config):

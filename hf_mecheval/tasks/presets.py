@@ -21,6 +21,7 @@ class Preset:
     description: str
     train_size: int = 100_032
     eval_size: int = 1_024    # validation and test each
+    lr_scheduler: str = "cosine"   # the reference's schedule shape for this task (SPEC §4)
 
 
 PRESETS: dict[str, Preset] = {
@@ -39,9 +40,10 @@ PRESETS: dict[str, Preset] = {
         Preset("atr_8192", "atr", ATRConfig(num_terminals=8192, max_rhs_len=5, terminal_occurrence_factor=20.0),
                "ATR, 8192 terminals, right-hand sides of 1-4 symbols, terminal occurrence factor 20."),
         Preset("atr_gen", "atr", ATRConfig(num_terminals=20, max_rhs_len=5, heldout_fraction=0.2),
-               "atr_easy's language with 20% of (parent, child) label pairs queried only in test."),
+               "atr_easy's language with 20% of (parent, child) label pairs queried only in test.",
+               lr_scheduler="linear"),
         Preset("atr_sibling", "atr", ATRConfig(num_terminals=20, max_rhs_len=5, relation="sibling"),
-               "atr_easy's language; the query asks for a sibling instead of the parent."),
+               "atr_easy's language; the query asks for a sibling instead of the parent.", lr_scheduler="linear"),
     ]
 }
 

@@ -38,6 +38,10 @@ class RestorationCallback(TrainerCallback):
         self.history.append(entry)
         return entry
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a resumed run: the measurements made before its checkpoint are in the restored log history
+        self.history = [entry for entry in state.log_history if "restoration@value" in entry]
+
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every and state.global_step % self.every == 0 and state.is_world_process_zero:
             state.log_history.append(self.measure(model, state.global_step))

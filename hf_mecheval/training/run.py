@@ -27,12 +27,12 @@ from typing import Sequence
 
 import yaml
 from transformers import HfArgumentParser, Trainer, set_seed
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import SchedulerType, get_last_checkpoint
 
 from ..errors import MechEvalError
 from ..io_utils import write_text_atomic
 from ..models import build_model
-from ..tasks.presets import build_task, get_preset
+from ..tasks.presets import PRESETS, build_task, get_preset
 from .arguments import (QUICK_RECIPE, DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments,
                         validate)
 from .data import EpochShuffleSampler, PaddedTaskDataset, batch_collator
@@ -228,11 +228,17 @@ def parse(argv: Sequence[str]):
             raise MechEvalError(f"the run config {path} must be a mapping of argument names to values")
         argv = as_flags(values) + argv
     try:
-        return parser.parse_args_into_dataclasses(args=argv)
+        model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except argparse.ArgumentError as exc:    # a value of the wrong type or not among the choices
         raise MechEvalError(str(exc)) from None
     except ValueError as exc:                # unknown keys in a config file or on the command line
         raise MechEvalError(str(exc).splitlines()[0]) from None
+    # the reference decays linearly on some tasks (ATR-gen, ATR-sibling): their default, unless
+    # the schedule was chosen explicitly
+    chosen = any(a.split("=")[0] in ("--lr_scheduler_type", "--lr-scheduler-type") for a in argv)
+    if not chosen and data_args.task in PRESETS:
+        training_args.lr_scheduler_type = SchedulerType(get_preset(data_args.task).lr_scheduler)
+    return model_args, data_args, run_args, training_args
 
 
 def resolve_run_args(args: dict) -> dict:

@@ -182,3 +182,32 @@ def test_corrupt_optimizer_state_gives_a_clear_error(tmp_path, capsys):
     assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot resume from" in err[0]
+
+
+def test_linear_decay_is_the_default_where_the_reference_used_it():
+    def schedule(*argv):
+        return parse(["--output_dir", "x", *argv])[3].lr_scheduler_type.value
+
+    assert schedule("--task", "atr_gen") == schedule("--task", "atr_sibling") == "linear"
+    assert schedule("--task", "atr_easy") == schedule("--task", "ar_32") == "cosine"
+    assert schedule("--task", "atr_gen", "--lr_scheduler_type", "cosine") == "cosine"     # chosen explicitly
+
+
+def test_gradient_accumulation_logs_the_same_loss(tmp_path):
+    # the loss is a mean over answers: 2 accumulated half batches give the mean of the whole batch
+    logged = []
+    for name, flags in (("whole", ["--per_device_train_batch_size", "32"]),
+                        ("halves", ["--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "2"])):
+        assert main(run_args(tmp_path / name, *SHORT, "--max_steps", "2", "--logging_steps", "1", *flags)) == 0
+        logged.append([loss for _, loss in losses(tmp_path / name)])
+    assert logged[0] == pytest.approx(logged[1], rel=1e-5)
+
+
+def test_restoration_history_survives_a_resume(tmp_path):
+    extra = ["--restoration_every_n_steps", "10", "--restoration_examples", "16"]
+    args = parse(run_args(tmp_path / "run", *SHORT, *extra))
+    with pytest.raises(KeyboardInterrupt):
+        train(*args, callbacks=[StopAt(20)])
+    assert main(run_args(tmp_path / "run", *SHORT, *extra, "--resume")) == 0
+    history = json.loads((tmp_path / "run" / "restoration_history.json").read_text())
+    assert [e["step"] for e in history] == [10, 20, 30, 40]
