@@ -28,6 +28,8 @@ from . import seeding
 from .base import Task
 from .data import BOS, EOS, NUM_SPECIAL, TaskData
 
+MAX_REDRAWS = 1000   # rounds of redrawing documents that have nothing to query in their split
+
 
 @dataclasses.dataclass(frozen=True)
 class ARConfig(StrictConfig):
@@ -128,7 +130,14 @@ class ARTask(Task):
         values = distinct_rows(rng, count, n, self.num_keys)  # (count, n) value indices
         eligible = self._eligible(keys, values, split)
         missing = ~eligible.any(axis=1)
+        rounds = 0
         while missing.any():  # held-out splits: redraw documents with nothing to query
+            rounds += 1
+            if rounds > MAX_REDRAWS:   # a few rounds suffice unless (almost) nothing is queryable
+                raise ConfigError("heldout_fraction", f"{self.config.heldout_fraction} leaves (almost) no "
+                                  f"{'held-out' if split == 'test' else 'queryable'} (key, value) combination among "
+                                  f"{self.num_keys} x {self.num_keys} for the {split} split; use more keys or another "
+                                  "fraction")
             m = int(missing.sum())
             keys[missing] = distinct_rows(rng, m, n, self.num_keys)
             values[missing] = distinct_rows(rng, m, n, self.num_keys)

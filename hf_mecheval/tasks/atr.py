@@ -34,6 +34,8 @@ from .base import Task, random_member_per_group
 from .data import BOS, EOS, NUM_SPECIAL, TaskData
 from .grammar import Grammar, Sentences, generate_sentences, sample_grammar
 
+MAX_EMPTY_ROUNDS = 50   # consecutive rounds of sentences that gave no document before giving up
+
 
 @dataclasses.dataclass(frozen=True)
 class ATRConfig(StrictConfig):
@@ -68,6 +70,8 @@ class ATRConfig(StrictConfig):
         check_int("max_length", self.max_length, minimum=self.min_length)
         check_choice("head", self.head, ("right", "left"))
         check_choice("relation", self.relation, ("parent", "sibling"))
+        if self.relation == "sibling" and self.heldout_fraction:
+            raise ConfigError("heldout_fraction", "held-out pairs are defined for relation 'parent' only")
         check_float("heldout_fraction", self.heldout_fraction, minimum=0.0, maximum=1.0)
         if self.heldout_fraction >= 1.0:
             raise ConfigError("heldout_fraction", "must be < 1 (train/validation need queryable pairs)")
@@ -110,12 +114,24 @@ class ATRTask(Task):
         return u < self.config.heldout_fraction
 
     def generate_chunk(self, rng: np.random.Generator, size: int, split: str) -> TaskData:
-        parts, have = [], 0
+        parts, have, empty = [], 0, 0
         while have < size:
             sentences = generate_sentences(
                 self.grammar, rng, size, self.config.min_length, self.config.max_length, self.config.head
             )
-            part = self._with_queries(sentences, rng, split)
+            part = self._with_queries(sentences, rng, split) if len(sentences.offsets) > 1 else None
+            if part is None or len(part) == 0:
+                # every sentence rejected (length) or none with a pair to query in this split
+                empty += 1
+                if empty >= MAX_EMPTY_ROUNDS:
+                    c = self.config
+                    raise ConfigError("max_length", f"this grammar gave no usable document in {empty} rounds of "
+                                      f"{size} sentences: none of length {c.min_length}..{c.max_length}"
+                                      + (f", or none with a pair {'held out' if split == 'test' else 'not held out'}"
+                                         f" (heldout_fraction {c.heldout_fraction})" if c.heldout_fraction else "")
+                                      + "; change the lengths, the grammar seed or the fraction")
+                continue
+            empty = 0
             parts.append(part)
             have += len(part)
         return TaskData.concatenate(parts).head(size)

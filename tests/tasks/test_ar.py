@@ -122,3 +122,8 @@ def test_unknown_field_is_rejected_with_allowed_list():
     with pytest.raises(ConfigError, match="num_kv") as info:
         ARConfig.from_dict({"num_kvs": 8})
     assert info.value.field == "num_kvs"
+
+
+def test_a_held_out_split_with_nothing_to_query_fails_clearly():
+    with pytest.raises(ConfigError, match="heldout_fraction"):
+        build_task("ar_32_gen", num_kv=8, num_pairs=2, heldout_fraction=0.01).generate(10, "test", 0)

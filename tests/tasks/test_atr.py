@@ -190,3 +190,16 @@ def test_invalid_atr_config(fields, name):
 def test_unknown_preset_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="atr_easy"):
         build_task("atr_hard")
+
+
+def test_rare_lengths_keep_drawing_and_impossible_ones_fail_clearly():
+    data = build_task("atr_easy", min_length=40, max_length=60).generate(20, "train", 0)   # most rounds reject all
+    lengths = data.columns["divider_pos"] - 1                     # sentence tokens between BOS and EOS
+    assert len(data) == 20 and lengths.min() >= 40 and lengths.max() <= 60
+    with pytest.raises(ConfigError, match="no usable document"):
+        build_task("atr_easy", min_length=500, max_length=600).generate(5, "train", 0)
+
+
+def test_sibling_queries_have_no_held_out_split():
+    with pytest.raises(ConfigError, match="relation 'parent' only"):
+        build_task("atr_sibling", heldout_fraction=0.2)
