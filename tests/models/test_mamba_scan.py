@@ -122,14 +122,20 @@ def test_state_patch_propagates_forward_only():
     assert ((patched - clean)[:, p:].abs().amax(-1) > 1e-9).all()    # every later position moves
 
 
-def test_buffers_needed_by_a_pending_backward_are_never_reused():
-    # a second forward (with or without grad) before the first one's backward must not write into
-    # the buffers that backward reads; the gradients equal those of a lone forward and backward
+def tiny_mamba_batch():
+    """A 2-layer Mamba and a batch with one answer label per row (the training path)."""
     torch.manual_seed(0)
     model = build_model("mamba", vocab_size=11, hidden_size=8, d_state=4, num_hidden_layers=2, kernels="torch")
     ids = torch.randint(3, 11, (2, 10))
     labels = torch.full_like(ids, -100)
     labels[:, -1] = ids[:, -1]
+    return model, ids, labels
+
+
+def test_buffers_needed_by_a_pending_backward_are_never_reused():
+    # a second forward (with or without grad) before the first one's backward must not write into
+    # the buffers that backward reads; the gradients equal those of a lone forward and backward
+    model, ids, labels = tiny_mamba_batch()
     model(ids, labels=labels).loss.backward()
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
     for second in ("grad", "no_grad"):
@@ -145,11 +151,7 @@ def test_buffers_needed_by_a_pending_backward_are_never_reused():
 def test_mamba_trains_under_bfloat16_autocast():
     # the scans run in float32 inside; the loss stays close to the float32 one and every
     # parameter gets a finite gradient
-    torch.manual_seed(0)
-    model = build_model("mamba", vocab_size=11, hidden_size=8, d_state=4, num_hidden_layers=2, kernels="torch")
-    ids = torch.randint(3, 11, (2, 10))
-    labels = torch.full_like(ids, -100)
-    labels[:, -1] = ids[:, -1]
+    model, ids, labels = tiny_mamba_batch()
     full = model(ids, labels=labels).loss
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(ids, labels=labels).loss
