@@ -36,6 +36,16 @@ def at_positions(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1]))
 
 
+def fold_copies(K: int, tensors, dims) -> list[torch.Tensor]:
+    """For ``vmap`` rules of custom autograd functions over K stacked copies: fold the copies into
+    the leading dimension, (K, b, ...) -> (K*b, ...); a tensor without a vmapped dimension (dim
+    None) is shared by every copy."""
+    def rows(t, dim):
+        t = t.movedim(dim, 0) if dim is not None else t.expand(K, *t.shape)
+        return t.reshape(-1, *t.shape[2:])
+    return [rows(t, d) for t, d in zip(tensors, dims)]
+
+
 def mixer_class(name: str):
     if name not in _MIXER_PATHS:
         raise KeyError(f"unknown mixer {name!r}; known: {', '.join(_MIXER_PATHS)}")

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 from ..convolutions import ShortConv, causal_conv
 from ..sites import Site, rerun_from_patched_states
-from . import at_positions
+from . import at_positions, fold_copies
 
 
 class PowerSumTaps(torch.autograd.Function):
@@ -76,8 +76,7 @@ class PowerSumTaps(torch.autograd.Function):
     def vmap(info, in_dims, w, a, L):
         # stacked copies: every channel is independent, so fold the copies into the channels
         K = info.batch_size
-        w, a = (t.movedim(d, 0) if d is not None else t.expand(K, *t.shape) for t, d in zip((w, a), in_dims))
-        taps = PowerSumTaps.apply(w.reshape(-1, w.shape[-1]), a.reshape(-1, a.shape[-1]), L)
+        taps = PowerSumTaps.apply(*fold_copies(K, (w, a), in_dims[:2]), L)
         return taps.view(K, -1, L), 0
 
 

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from .. import kernels
 from ..convolutions import ShortConv
 from ..sites import Site, rerun_from_patched_states
-from . import at_positions
+from . import at_positions, fold_copies
 
 
 def selective_scan_reference(x, dt, A, B, C):
@@ -47,9 +47,7 @@ class LinearScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, dA: torch.Tensor, dBx: torch.Tensor) -> torch.Tensor:
-        H = dBx.clone()
-        for t in range(1, H.shape[1]):
-            H[:, t].addcmul_(dA[:, t], H[:, t - 1])
+        H = _scan(dBx.clone(), dA)
         ctx.save_for_backward(dA, H)
         return H
 
@@ -67,9 +65,14 @@ def linear_scan(dA: torch.Tensor, dBx: torch.Tensor) -> torch.Tensor:
     of the caller's: one (B, L, E, N) copy fewer."""
     if torch.is_grad_enabled() and (dA.requires_grad or dBx.requires_grad):
         return LinearScan.apply(dA, dBx)
-    for t in range(1, dBx.shape[1]):
-        dBx[:, t].addcmul_(dA[:, t], dBx[:, t - 1])
-    return dBx
+    return _scan(dBx, dA)
+
+
+def _scan(H: torch.Tensor, dA: torch.Tensor) -> torch.Tensor:
+    """In place: H_t += dA_t * H_{t-1}, from the start (H holds dBx on entry, the states on exit)."""
+    for t in range(1, H.shape[1]):
+        H[:, t].addcmul_(dA[:, t], H[:, t - 1])
+    return H
 
 
 def _reverse_scan(G: torch.Tensor, dA: torch.Tensor) -> torch.Tensor:
@@ -124,9 +127,7 @@ class SelectiveScan(torch.autograd.Function):
         H = workspace.get("H", shape, x) if workspace is not None else x.new_empty(shape)
         dtx = dt * x
         torch.mul(dt[:, :, None, :], _state_major(A), out=dA).exp_()             # exp(dt A)
-        torch.mul(B[..., None], dtx[:, :, None, :], out=H)                      # dt B x, scanned in place
-        for t in range(1, H.shape[1]):
-            H[:, t].addcmul_(dA[:, t], H[:, t - 1])
+        _scan(torch.mul(B[..., None], dtx[:, :, None, :], out=H), dA)           # dt B x, scanned in place
         y = (C[:, :, None, :] @ H)[:, :, 0]                                     # (B, L, E)
         return y, dtx, dA, H
 
@@ -142,11 +143,11 @@ class SelectiveScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, *unused):
         x, dt, A, B, C, dtx, dA, H = ctx.saved_tensors
-        if gy is None:                       # y did not reach the loss
-            if ctx.workspace is not None:
-                ctx.workspace.busy = False
-            return None, None, None, None, None, None
         ws = ctx.workspace
+        if ws is not None:                   # no forward runs during this backward: lend them again
+            ws.busy = False
+        if gy is None:                       # y did not reach the loss
+            return None, None, None, None, None, None
         gy = gy.contiguous()
         G = ws.get("G", H.shape, H) if ws is not None else torch.empty_like(H)
         T = ws.get("T", H.shape, H) if ws is not None else torch.empty_like(H)
@@ -160,26 +161,15 @@ class SelectiveScan(torch.autograd.Function):
         G[:, 0].zero_()
         grad_dt = grad_dtx * x + torch.mul(G, _state_major(A), out=T).sum(2)   # (B, L, E)
         grad_A = _sum_to_decays(torch.mul(G, dt[:, :, None, :], out=T), A)
-        if ws is not None:
-            ws.busy = False
         return grad_dtx * dt, grad_dt, grad_A, grad_B, grad_C, None
 
     @staticmethod
     def vmap(info, in_dims, x, dt, A, B, C, workspace):
         K = info.batch_size
-        x, dt, B, C = _fold_copies(K, (x, dt, B, C), (in_dims[0], in_dims[1], in_dims[3], in_dims[4]))
+        x, dt, B, C = fold_copies(K, (x, dt, B, C), (in_dims[0], in_dims[1], in_dims[3], in_dims[4]))
         b = x.shape[0] // K                                                     # rows per copy
         out = SelectiveScan.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C, workspace)
         return tuple(o.view(K, b, *o.shape[1:]) for o in out), (0, 0, 0, 0)
-
-
-def _fold_copies(K: int, tensors, dims):
-    """vmap over K stacked copies: fold the copies into the rows, (K, b, ...) -> (K*b, ...); a
-    tensor without a vmapped dimension (dim None) is shared by every copy."""
-    def rows(t, dim):
-        t = t.movedim(dim, 0) if dim is not None else t.expand(K, *t.shape)
-        return t.reshape(-1, *t.shape[2:])
-    return [rows(t, d) for t, d in zip(tensors, dims)]
 
 
 def _row_decays(A: torch.Tensor, dim, K: int, b: int) -> torch.Tensor:
@@ -292,7 +282,7 @@ class SelectiveScanAt(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, dt, A, B, C, keep, workspace):
         K = info.batch_size
-        x, dt, B, C, keep = _fold_copies(K, (x, dt, B, C, keep), (*in_dims[:2], *in_dims[3:6]))
+        x, dt, B, C, keep = fold_copies(K, (x, dt, B, C, keep), (*in_dims[:2], *in_dims[3:6]))
         b = x.shape[0] // K                                                     # rows per copy
         out = SelectiveScanAt.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C, keep, workspace)
         return tuple(o.view(K, b, *o.shape[1:]) for o in out), (0,) * 7
