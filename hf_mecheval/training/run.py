@@ -32,7 +32,7 @@ from transformers.trainer_utils import SchedulerType, get_last_checkpoint
 from ..errors import MechEvalError
 from ..io_utils import write_text_atomic
 from ..models import build_model
-from ..tasks.presets import PRESETS, build_task, get_preset
+from ..tasks.presets import PRESETS, get_preset
 from .arguments import (QUICK_RECIPE, DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments,
                         validate)
 from .data import EpochShuffleSampler, PaddedTaskDataset, batch_collator
@@ -106,8 +106,9 @@ def data_seed(training_args) -> int:
     return training_args.data_seed if training_args.data_seed is not None else training_args.seed
 
 
-def load_task_splits(data_args: DataArguments, run_args: RunArguments, training_args, main_process: bool):
-    """The task and its train / validation / test datasets (and the recipe's sizes and epochs)."""
+def load_task_splits(task, data_args: DataArguments, run_args: RunArguments, training_args, main_process: bool):
+    """The task's train / validation / test datasets (and the recipe's sizes and epochs); ``task``
+    as ``validate`` built it."""
     preset = get_preset(data_args.task)
     quick = run_args.recipe == "quick"
     train_size = data_args.train_size or (QUICK_RECIPE["train_size"] if quick else preset.train_size)
@@ -118,10 +119,9 @@ def load_task_splits(data_args: DataArguments, run_args: RunArguments, training_
         print(f"recipe quick: {train_size} training documents, {eval_size} validation/test documents, "
               f"{training_args.num_train_epochs:g} epochs (the reference: {preset.train_size}, {preset.eval_size}, "
               f"{16 if preset.task == 'ar' else 32})", file=sys.stderr)
-    task = build_task(data_args.task, **data_args.task_overrides())
     data = {split: task.generate(n, split, data_args.dataset_seed)
             for split, n in (("train", train_size), ("validation", eval_size), ("test", eval_size))}
-    return task, data, train_size, eval_size
+    return data, train_size, eval_size
 
 
 def build_run_model(model_args: ModelArguments, task, seed: int, longest: int):
@@ -168,20 +168,20 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
 def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArguments,
           training_args: MechEvalTrainingArguments, callbacks: Sequence = (), command: str | None = None) -> dict:
     """Train one model; returns the final metrics (also written to ``metrics.json``)."""
-    validate(model_args, data_args, run_args, training_args)
+    task = validate(model_args, data_args, run_args, training_args)
     run_dir = Path(training_args.output_dir)
     main_process = training_args.process_index == 0
     with training_args.main_process_first(desc="run directory"):
         checkpoint = _prepare_run_dir(run_dir, run_args, main_process)
 
-    task, data, train_size, eval_size = load_task_splits(data_args, run_args, training_args, main_process)
+    data, train_size, eval_size = load_task_splits(task, data_args, run_args, training_args, main_process)
     splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
     model = build_run_model(model_args, task, training_args.seed, max(int(d.lengths.max()) for d in data.values()))
 
     with training_args.main_process_first(desc="run directory"):
         if main_process and checkpoint is None:
             record = run_record(model, model_args, data_args, run_args, training_args, task, train_size, eval_size)
-            _start_run_dir(run_dir, command or " ".join(map(shlex.quote, sys.argv)), record)
+            _start_run_dir(run_dir, command or this_command(), record)
 
     callbacks = list(callbacks)
     if run_args.restoration_every_n_steps > 0:
@@ -273,11 +273,18 @@ def invocation() -> str:
     return sys.argv[0]
 
 
+def this_command(argv: Sequence[str] | None = None, prog: str | None = None) -> str:
+    """The command that started this training, to be typed again (command.txt): ``prog`` (e.g.
+    ``mecheval train``, default: how this process was started) and the arguments (default: sys.argv's)."""
+    argv = sys.argv[1:] if argv is None else argv
+    return " ".join([prog or shlex.quote(invocation()), *map(shlex.quote, argv)])
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Train one run (or a stack with ``--stack``). ``prog``: the command that invoked it, as
     written into ``command.txt`` (``mecheval train`` from the CLI; default: this process's own)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join([prog or shlex.quote(invocation()), *map(shlex.quote, argv)])
+    command = this_command(argv, prog)
     try:
         if argv[:1] == ["--stack"]:
             result, main_process = _train_stack(argv, command), True

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -42,7 +41,7 @@ from .arguments import validate
 from .data import PaddedTaskDataset, StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
 from .run import (MechEvalTrainer, _check_checkpoint, as_flags, build_run_model, data_seed, finish_run,
-                  is_finished, load_task_splits, run_record, run_trainer)
+                  is_finished, load_task_splits, run_record, run_trainer, this_command)
 
 PER_COPY_FIELDS = {"learning_rate", "seed", "data_seed", "output_dir", "resume", "overwrite"}
 
@@ -293,8 +292,7 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     """Train the members as one stack; returns each member's final metrics (also in its run directory)."""
     if not members:
         raise ConfigError("runs", "a stack needs at least one run")
-    for m in members:
-        validate(*m.args)
+    task = [validate(*m.args) for m in members][0]     # every member checked; they share the task
     check_compatible(members)
     if members[0].training.world_size > 1:
         raise ConfigError("stack", "a stacked run is one process; spread stacks over several GPUs or machines with "
@@ -303,7 +301,7 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     model_args, data_args, run_args, first_training = members[0].args
     checkpoint = _prepare_stack_dir(stack_dir, members, resume, overwrite)
 
-    task, data, train_size, eval_size = load_task_splits(data_args, run_args, first_training, main_process=True)
+    data, train_size, eval_size = load_task_splits(task, data_args, run_args, first_training, main_process=True)
     for m in members[1:]:
         m.training.num_train_epochs = first_training.num_train_epochs
     longest = max(int(d.lengths.max()) for d in data.values())
@@ -314,8 +312,7 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
 
     stack_dir.mkdir(parents=True, exist_ok=True)
     if checkpoint is None:
-        write_text_atomic(stack_dir / "command.txt", (command or " ".join(map(shlex.quote, sys.argv))) + "\n",
-                          overwrite=True)
+        write_text_atomic(stack_dir / "command.txt", (command or this_command()) + "\n", overwrite=True)
     args = dataclasses.replace(first_training, output_dir=str(stack_dir), learning_rate=1.0, max_grad_norm=0.0)
     trainer = StackedTrainer(
         model=stacked, args=args, train_dataset=StackedTaskDataset(data["train"], K),
@@ -332,7 +329,7 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        write_text_atomic(run_dir / "command.txt", f"{command or ' '.join(map(shlex.quote, sys.argv))}\n"
+        write_text_atomic(run_dir / "command.txt", f"{command or this_command()}\n"
                                                    f"# copy {k} of {K} in the stacked run {stack_dir}\n")
         record = run_record(model, m_args, d_args, r_args, t_args, task, train_size, eval_size)
         record["stack"] = {"dir": str(stack_dir), "copy": k, "size": K}

@@ -115,15 +115,11 @@ class Sweep:
             grid_fields += [k for k in grid if k not in grid_fields]
             expanded += [{**defaults, **dict(zip(grid, values))} for values in itertools.product(*grid.values())]
         # every run checked as `mecheval train` would check it, before any starts
-        resolved = {}
         for i, args in enumerate(expanded):
-            key = json.dumps(args, sort_keys=True, default=str)
-            if key not in resolved:
-                try:
-                    resolved[key] = resolve_run_args(args)
-                except MechEvalError as exc:
-                    raise MechEvalError(f"{source}: {exc} (run {json.dumps(args, default=str)})") from None
-            expanded[i] = resolved[key]
+            try:
+                expanded[i] = resolve_run_args(args)
+            except MechEvalError as exc:
+                raise MechEvalError(f"{source}: {exc} (run {json.dumps(args, default=str)})") from None
         # a run's name shows the fields that tell it apart from the other runs of the sweep
         def shown(key):
             values = {json.dumps(args.get(key), sort_keys=True, default=str) for args in expanded}
