@@ -11,8 +11,9 @@ For a batch of (clean, corrupted) document pairs it runs
 
 So the grid costs one forward of the late layers per (site, position set) instead of one full
 forward per cell. Exact shortcuts: a patch after the query (or nowhere) leaves the corrupted
-prediction (computed anyway at ``layers.L.input``, L >= 1, as the causality check); ``layers.L.output`` is patched as ``layers.{L+1}.input`` (the same tensor), and the
-last layer's output needs no layer at all. Models expose the backbone protocol of ``MechEvalForCausalLM``:
+prediction (computed anyway at ``layers.L.input``, L >= 1, as the causality check);
+``layers.L.output`` is patched as ``layers.{L+1}.input`` (the same tensor), and the last layer's
+output needs no layer at all. Models expose the backbone protocol of ``MechEvalForCausalLM``:
 ``model.model.embed``, ``model.model.layers`` (blocks taking and returning the residual stream),
 ``model.model.norm_f``, ``model.lm_head``, and ``get_site(name)``.
 """

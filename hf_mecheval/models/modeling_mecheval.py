@@ -79,11 +79,10 @@ class Block(nn.Module):
         # r: (B, L, D) residual stream. keep: (B, k) positions; when given (last block, training),
         # the MLP runs at those positions only and the block returns (B, k, D): the mixer mixes
         # along the sequence, but the MLP is per position and nothing later reads other positions.
-        # A mixer with ``accepts_keep`` (attention, H3) also computes its output there only.
+        # A mixer with ``accepts_keep`` (attention, H3, Mamba) also computes its output there only.
         r = self.input(r)
         x = self.mixer_input(self.mixer_norm(r))
         if keep is not None and getattr(self.mixer, "accepts_keep", False):
-            # the mixer computes its output at the kept positions only (attention: queries there)
             r = at_positions(r, keep) + self.mixer_output(self.mixer(x, keep=keep))
         else:
             r = r + self.mixer_output(self.mixer(x))

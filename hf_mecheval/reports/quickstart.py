@@ -24,6 +24,7 @@ from ..io_utils import write_text_atomic
 from ..training.run import as_flags
 from .evaluate_run import evaluate_run, format_score
 from .report import collect_runs, markdown_table, write_report
+from .run_files import interventions_path
 
 SETTING = {"task": "ar_32", "task_config": {"num_kv": 64, "num_pairs": 4}, "train_size": 24000, "eval_size": 256,
            "hidden_size": 64, "num_hidden_layers": 2}
@@ -116,7 +117,7 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
                 print(f"[quickstart] training {name} ...", flush=True)
             if train_main(_train_args(name, arch, extra, setting, run_dir), prog="mecheval train") != 0:
                 raise MechEvalError(f"training {name} failed (see above)")
-        if not (run_dir / "interventions" / "interventions.json").exists():
+        if not interventions_path(run_dir).exists():
             if progress:
                 print(f"[quickstart] interventions on {name} ...", flush=True)
             evaluate_run(run_dir, n=32 if tiny else 256, n_resamples=100 if tiny else 1000, overwrite=True,
