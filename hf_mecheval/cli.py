@@ -207,6 +207,15 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 1 if result["outcome"]["failed"] else 0
 
 
+def _workers(text: str) -> str | int:
+    if text == "auto":
+        return text
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}") from None
+
+
 def _stack_size(text: str) -> str | int:
     if text == "auto":
         return text
@@ -219,7 +228,9 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
     """Flags shared by the commands that run a sweep."""
     parser.add_argument("--launcher", choices=("local", "ray"), default="local",
                         help="local: processes on this machine; ray: a Ray cluster (RAY_ADDRESS) or a local one")
-    parser.add_argument("--workers", type=_positive_int, default=1, help="runs at once (local launcher)")
+    parser.add_argument("--workers", type=_workers, default="auto",
+                        help="training processes at once (local launcher); auto (default): one per GPU, or on a "
+                             "CPU one per core with one thread each")
     parser.add_argument("--stack", type=_stack_size, default="auto",
                         help="train up to N runs that differ only in learning rate and seed together as one "
                              "stacked run; auto (default): as many as fit on a GPU, none on a CPU")

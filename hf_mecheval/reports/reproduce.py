@@ -12,6 +12,10 @@ CPU scale (REPRODUCTION.md: what this repository's committed results come from):
     cpu-ar          hf_mecheval/training/sweeps/cpu/ar.yaml         (claims 1, 2, 4, 7; 3 seeds)
     cpu-ablations   hf_mecheval/training/sweeps/cpu/ablations.yaml  (claim 3)
     cpu-atr         hf_mecheval/training/sweeps/cpu/atr.yaml        (claims 5, 6, 7, 8)
+
+The reference setting at width 64 (REPRODUCTION.md, "The reference setting"; CPU-hours):
+
+    ref-ar          hf_mecheval/training/sweeps/reference/ar.yaml   (ar_32 as the reference, 7 architectures)
 """
 from __future__ import annotations
 
@@ -26,10 +30,11 @@ from .report import write_report
 SWEEPS_DIR = Path(__file__).resolve().parents[1] / "training" / "sweeps"   # package data: in the wheel too
 PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba": "ar_mamba_conv.yaml",
            "ablation-based": "ar_based_kernel.yaml", "atr-no-conv": "atr_no_conv.yaml",
-           "cpu-ar": "cpu/ar.yaml", "cpu-ablations": "cpu/ablations.yaml", "cpu-atr": "cpu/atr.yaml"}
+           "cpu-ar": "cpu/ar.yaml", "cpu-ablations": "cpu/ablations.yaml", "cpu-atr": "cpu/atr.yaml",
+           "ref-ar": "reference/ar.yaml"}
 
 
-def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "local", workers: int = 1,
+def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "local", workers: int | str = "auto",
               n: int = 320, dry_run: bool = False, stack: int | str = "auto") -> dict:
     if preset not in PRESETS:
         raise ConfigError("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")

@@ -82,6 +82,9 @@ class RunArguments:
         default=0, metadata={"help": "measure restoration at the last layer's input every N steps (0 = never); "
                                      "see restoration_history.json"})
     restoration_examples: int = dataclasses.field(default=64, metadata={"help": "validation documents it uses"})
+    test_head_size: int = dataclasses.field(
+        default=320, metadata={"help": "also report test accuracy on the first N test documents (the reference "
+                                       "reported its first 320); 0 = not"})
 
 
 @dataclasses.dataclass
@@ -138,6 +141,7 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
     check_int("per_device_train_batch_size", training.per_device_train_batch_size, minimum=1)
     check_int("per_device_eval_batch_size", training.per_device_eval_batch_size, minimum=1)
     check_int("restoration_every_n_steps", run.restoration_every_n_steps, minimum=0)
+    check_int("test_head_size", run.test_head_size, minimum=0)
     if run.restoration_every_n_steps > 0:
         check_int("restoration_examples", run.restoration_examples, minimum=1)
     if run.recipe not in ("reference", "quick"):

@@ -35,6 +35,7 @@ from ..models import build_model
 from ..tasks.presets import PRESETS, get_preset
 from .arguments import (QUICK_RECIPE, DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments,
                         validate)
+from .callbacks import WallClock
 from .data import EpochShuffleSampler, PaddedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
 
@@ -142,6 +143,15 @@ def run_record(model, model_args, data_args, run_args, training_args, task, trai
             "training": json.loads(training_args.to_json_string())}
 
 
+def padded_splits(data: dict, run_args: RunArguments) -> dict:
+    """The Trainer's datasets: train / validation / test, and ``test_head`` (the first
+    ``test_head_size`` test documents) when that is a proper part of the test split."""
+    splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
+    if 0 < run_args.test_head_size < len(data["test"]):
+        splits["test_head"] = PaddedTaskDataset(data["test"].head(run_args.test_head_size))
+    return splits
+
+
 def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None = None) -> dict:
     """Final validation and test metrics, then the model, trainer state, metrics.json (last) and card."""
     validation = trainer.evaluate(splits["validation"], metric_key_prefix="eval")   # always at the final step
@@ -153,6 +163,9 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
         "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
         "world_size": trainer.args.world_size, **(extra or {}),
     }
+    if "test_head" in splits:
+        head = trainer.evaluate(splits["test_head"], metric_key_prefix="test_head")
+        final.update(test_head_size=len(splits["test_head"]), test_head_accuracy=head["test_head_accuracy"])
     if trainer.is_world_process_zero():
         trainer.save_model(str(run_dir))
         trainer.save_state()
@@ -175,7 +188,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
         checkpoint = _prepare_run_dir(run_dir, run_args, main_process)
 
     data, train_size, eval_size = load_task_splits(task, data_args, run_args, training_args, main_process)
-    splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
+    splits = padded_splits(data, run_args)
     model = build_run_model(model_args, task, training_args.seed, max(int(d.lengths.max()) for d in data.values()))
 
     with training_args.main_process_first(desc="run directory"):
@@ -183,7 +196,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
             record = run_record(model, model_args, data_args, run_args, training_args, task, train_size, eval_size)
             _start_run_dir(run_dir, command or this_command(), record)
 
-    callbacks = list(callbacks)
+    clock = WallClock(checkpoint)
+    callbacks = [clock, *callbacks]         # first: a callback that stops the run sees the time saved
     if run_args.restoration_every_n_steps > 0:
         from .callbacks import RestorationCallback
 
@@ -195,7 +209,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
         preprocess_logits_for_metrics=answer_logits_summary, callbacks=callbacks,
     )
     run_trainer(trainer, checkpoint)
-    return finish_run(trainer, splits, run_dir)
+    return finish_run(trainer, splits, run_dir, clock.summary())
 
 
 def run_trainer(trainer: Trainer, checkpoint: str | None) -> None:

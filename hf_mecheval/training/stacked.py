@@ -38,10 +38,11 @@ from ..errors import ConfigError, MechEvalError
 from ..io_utils import write_text_atomic
 from ..models.stacked import StackedCausalLM
 from .arguments import validate
-from .data import PaddedTaskDataset, StackedBatchSampler, StackedTaskDataset, batch_collator
+from .callbacks import WallClock
+from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
 from .run import (MechEvalTrainer, _check_checkpoint, as_flags, build_run_model, data_seed, finish_run,
-                  is_finished, load_task_splits, run_record, run_trainer, this_command)
+                  is_finished, load_task_splits, padded_splits, run_record, run_trainer, this_command)
 
 PER_COPY_FIELDS = {"learning_rate", "seed", "data_seed", "output_dir", "resume", "overwrite"}
 
@@ -308,7 +309,7 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     copies = [build_run_model(model_args, task, m.training.seed, longest) for m in members]
     stacked = StackedCausalLM(copies)
     K = len(members)
-    splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
+    splits = padded_splits(data, run_args)
 
     stack_dir.mkdir(parents=True, exist_ok=True)
     if checkpoint is None:
@@ -319,6 +320,8 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
         eval_dataset=splits["validation"], data_collator=batch_collator, callbacks=list(callbacks),
         learning_rates=[m.training.learning_rate for m in members],
         data_seeds=[data_seed(m.training) for m in members], max_grad_norm=first_training.max_grad_norm)
+    clock = WallClock(checkpoint)
+    trainer.add_callback(clock)
     run_trainer(trainer, checkpoint)
 
     diverged = trainer._stacked_optimizer().diverged_at.tolist()
@@ -338,7 +341,7 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
                                data_collator=batch_collator, compute_metrics=compute_answer_metrics,
                                preprocess_logits_for_metrics=answer_logits_summary)
         lone.state = dataclasses.replace(trainer.state, log_history=copy_history(trainer.state.log_history, k, K))
-        extra = {"stack_size": K}
+        extra = {"stack_size": K, **clock.summary()}      # the stack's wall time
         if diverged[k] >= 0:
             extra["diverged_at_step"] = diverged[k]
             print(f"stacked run: copy {k} ({member.name}) diverged (non-finite gradients) at step {diverged[k]}",

@@ -1,6 +1,6 @@
 """Sweeps: a YAML file of run grids -> one run directory per run -> a results table.
 
-    mecheval sweep hf_mecheval/training/sweeps/ar_main.yaml --launcher local --workers 2
+    mecheval sweep hf_mecheval/training/sweeps/ar_main.yaml                # local; --workers auto
     mecheval sweep hf_mecheval/training/sweeps/ar_main.yaml --launcher ray          # several machines
 
 Sweep file (unknown keys are errors)::
@@ -241,12 +241,15 @@ def _stack_command(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
             *_restart_flags(stack_dir, *(runs_dir / r.name for r in stack.runs))]
 
 
-def execute(job: Run | Stack, runs_dir: str, threads: int) -> dict:
-    """Run one training process (a run, or a stack of runs); returns {"name", "runs", "returncode",
-    "log"}. Used by both launchers."""
+def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = None) -> dict:
+    """Run one training process (a run, or a stack of runs) with ``threads`` CPU threads (and only
+    GPU ``device`` visible, when given); returns {"name", "runs", "returncode", "log"}. Used by
+    both launchers."""
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
     if isinstance(job, Stack):
         cmd = _stack_command(job, runs_dir, runs_dir.parent / "stacks" / job.name)
         log = runs_dir.parent / "stacks" / f"{job.name}.log"
@@ -257,40 +260,88 @@ def execute(job: Run | Stack, runs_dir: str, threads: int) -> dict:
     return {"name": job.name, "runs": job.run_names(), "returncode": proc.returncode, "log": str(log)}
 
 
-def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int = 1, progress: bool = True,
-           stack: int | str = "auto") -> dict:
-    """Run every unfinished run (stacked where ``stack`` allows); returns {"finished", "skipped",
-    "failed"} run names."""
+PROCESS_MEMORY_GIB = 3     # a generous bound on one training process of the reference presets (CPU)
+
+
+def plan_workers(workers: int | str = "auto") -> tuple[int, int, list[str | None]]:
+    """(processes at once, CPU threads per process, the GPU each process slot sees).
+
+    ``auto``: with GPUs, one process per GPU; on a CPU, one process per core with one thread each,
+    as many as memory allows: these models are too small for a second thread to pay
+    (``benchmarks/bench_workers.py``, 2 cores: two 1-thread runs train 1.3-1.5x as many steps per
+    second as one 2-thread run). A number N: N processes sharing the cores (and the GPUs, in turn)."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if workers == "auto":
+        if gpus:
+            workers = gpus
+        else:
+            try:
+                free_gib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+            except (ValueError, OSError):   # not on every platform
+                free_gib = float("inf")
+            workers = max(1, min(cores, int(free_gib // PROCESS_MEMORY_GIB)))
+    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError("workers", f"must be 'auto' or a number of processes >= 1, got {workers!r}")
+    threads = max(1, cores // workers)
+    devices = [str(i % gpus) for i in range(workers)] if gpus else [None] * workers
+    return workers, threads, devices
+
+
+def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int | str = "auto",
+           progress: bool = True, stack: int | str = "auto") -> dict:
+    """Run every unfinished run (stacked where ``stack`` allows; ``workers`` processes at once,
+    see ``plan_workers``); returns {"finished", "skipped", "failed"} run names."""
 
     root = Path(out) / sweep.name
     runs_dir = root / "runs"
-    write_text_atomic(root / "sweep.json", json.dumps([dataclasses.asdict(r) for r in sweep.runs], indent=2),
-                      overwrite=True)
-    todo = [r for r in sweep.runs if not is_finished(runs_dir / r.name)]
-    skipped = [r.name for r in sweep.runs if r not in todo]
-    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     if launcher not in ("local", "ray"):
         raise ConfigError("launcher", f"must be 'local' or 'ray', got {launcher!r}")
     if stack != "auto" and (not str(stack).isdigit() or int(stack) < 1):
         raise ConfigError("stack", f"must be 'auto' or a number of runs >= 1, got {stack!r}")
+    workers, threads, devices = plan_workers(workers)
+    write_text_atomic(root / "sweep.json", json.dumps([dataclasses.asdict(r) for r in sweep.runs], indent=2),
+                      overwrite=True)
+    todo = [r for r in sweep.runs if not is_finished(runs_dir / r.name)]
+    skipped = [r.name for r in sweep.runs if r not in todo]
     jobs = plan_jobs(todo, runs_dir, stack)
-    results = (_launch_local if launcher == "local" else _launch_ray)(jobs, runs_dir, workers, threads, progress)
+    if progress and jobs:
+        print(f"{len(jobs)} jobs, {workers} at a time with {threads} thread(s) each", file=sys.stderr)
+    if launcher == "local":
+        results = _launch_local(jobs, runs_dir, threads, devices, progress)
+    else:
+        results = _launch_ray(jobs, runs_dir, threads, progress)
     finished = [name for r in results for name in r["runs"] if is_finished(runs_dir / name)]
     failed = [f"{name} (exit {r['returncode']}, log {r['log']})" for r in results for name in r["runs"]
               if not is_finished(runs_dir / name)]
     return {"finished": finished, "skipped": skipped, "failed": failed}
 
 
-def _launch_local(todo, runs_dir, workers, threads, progress):
+def _launch_local(todo, runs_dir, threads, devices, progress):
+    """One thread per process slot; a job takes a free slot (and its GPU) and gives it back."""
+    import queue
     from concurrent.futures import ThreadPoolExecutor
     from tqdm.auto import tqdm
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [pool.submit(execute, job, str(runs_dir), threads) for job in todo]
+    slots: queue.Queue = queue.Queue()
+    for device in devices:
+        slots.put(device)
+
+    def in_a_slot(job):
+        device = slots.get()
+        try:
+            return execute(job, str(runs_dir), threads, device)
+        finally:
+            slots.put(device)
+
+    with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+        futures = [pool.submit(in_a_slot, job) for job in todo]
         return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress)]
 
 
-def _launch_ray(todo, runs_dir, workers, threads, progress):
+def _launch_ray(todo, runs_dir, threads, progress):
     try:
         import ray
     except ImportError:

@@ -132,3 +132,30 @@ def test_the_reference_sweep_files_are_valid():
     for path in files:
         sweep = Sweep.load(path)
         assert sweep.runs and len({r.name for r in sweep.runs}) == len(sweep.runs)
+
+
+def test_workers_auto_is_one_single_threaded_process_per_core_on_a_cpu(monkeypatch):
+    import os
+
+    from hf_mecheval.training.sweep import plan_workers
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert plan_workers("auto") == (4, 1, [None] * 4)
+    assert plan_workers(2) == (2, 2, [None, None])
+    assert plan_workers(8) == (8, 1, [None] * 8)
+    # memory bounds auto: 7 GiB free holds two processes of PROCESS_MEMORY_GIB = 3
+    real_sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 7 * 2**18 if name == "SC_AVPHYS_PAGES" else
+                        (4096 if name == "SC_PAGE_SIZE" else real_sysconf(name)))
+    assert plan_workers("auto") == (2, 2, [None, None])
+    for bad in (0, -1, "3", 1.5, True):
+        with pytest.raises(ConfigError, match="workers"):
+            plan_workers(bad)
+
+
+def test_workers_flag_takes_auto_or_a_positive_number(capsys):
+    for bad in ("many", "0"):
+        with pytest.raises(SystemExit) as exit_:
+            mecheval(["sweep", "nowhere.yaml", "--workers", bad])
+        assert exit_.value.code == 2
+        assert "expected 'auto' or a positive integer" in capsys.readouterr().err

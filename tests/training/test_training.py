@@ -211,3 +211,39 @@ def test_restoration_history_survives_a_resume(tmp_path):
     assert main(run_args(tmp_path / "run", *SHORT, *extra, "--resume")) == 0
     history = json.loads((tmp_path / "run" / "restoration_history.json").read_text())
     assert [e["step"] for e in history] == [10, 20, 30, 40]
+
+
+def test_wall_time_adds_up_over_a_resume(tmp_path):
+    args = parse(run_args(tmp_path / "run", *SHORT))
+    with pytest.raises(KeyboardInterrupt):
+        train(*args, callbacks=[StopAt(20)])
+    saved = json.loads((tmp_path / "run" / "checkpoint-20" / "wall_time.json").read_text())
+    assert saved["segments"] == 1 and saved["seconds"] > 0
+    assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 0
+    final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]
+    assert final["train_segments"] == 2 and final["threads"] == torch.get_num_threads()
+    # the second segment trained as many steps as the first: the total is more than the first alone
+    assert final["train_wall_seconds"] > saved["seconds"]
+
+
+def test_test_accuracy_on_the_first_documents(tmp_path):
+    from hf_mecheval.tasks import build_task
+    from hf_mecheval.training.data import PaddedTaskDataset
+
+    assert main(run_args(tmp_path / "run", *SHORT, "--eval_size", "100", "--test_head_size", "30")) == 0
+    final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]
+    assert final["test_head_size"] == 30
+    # independently: argmax at the answer-predicting position of the first 30 test documents
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    test = build_task("ar_32", num_kv=16, num_pairs=2).generate(100, "test", 0).head(30)
+    batch = PaddedTaskDataset(test).__getitems__(list(range(30)))
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"]).logits          # (30, L, V)
+    rows = torch.arange(30)
+    answer_pos = torch.from_numpy(test.columns["answer_pos"]).long()
+    predicted = logits[rows, answer_pos - 1].argmax(-1)
+    expected = (predicted == batch["input_ids"][rows, answer_pos]).float().mean().item()
+    assert final["test_head_accuracy"] == pytest.approx(expected)
+    # no head when it would be the whole split, or when switched off
+    assert main(run_args(tmp_path / "off", *SHORT, "--eval_size", "30", "--test_head_size", "30")) == 0
+    assert "test_head_accuracy" not in json.loads((tmp_path / "off" / "metrics.json").read_text())["final"]
