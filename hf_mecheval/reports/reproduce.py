@@ -41,11 +41,13 @@ def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "
     sweep = Sweep.load(SWEEPS_DIR / PRESETS[preset])
     if dry_run:
         return {"runs": [r.name for r in sweep.runs]}
-    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack)
+    # each run's intervention grid right after its training, in the same worker: a sweep stopped
+    # part-way leaves every finished run evaluated
+    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, evaluate_n=n)
     write_results(sweep, out)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]
     finished = [r for r in runs if is_finished(r)]
-    for run in finished:
+    for run in finished:      # finished before an earlier reproduce that did not evaluate
         if not (run / "interventions" / "interventions.json").exists():
             evaluate_run(run, n=n)
     report = write_report(finished, Path(out) / sweep.name / "report", title=f"hf-mecheval: {preset}")

@@ -241,10 +241,12 @@ def _stack_command(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
             *_restart_flags(stack_dir, *(runs_dir / r.name for r in stack.runs))]
 
 
-def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = None) -> dict:
+def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = None,
+            evaluate_n: int = 0) -> dict:
     """Run one training process (a run, or a stack of runs) with ``threads`` CPU threads (and only
-    GPU ``device`` visible, when given); returns {"name", "runs", "returncode", "log"}. Used by
-    both launchers."""
+    GPU ``device`` visible, when given), then, with ``evaluate_n`` > 0, the intervention grid
+    (``mecheval evaluate -n evaluate_n``) on each of its finished runs that has none yet, in the
+    same slot; returns {"name", "runs", "returncode", "log"}. Used by both launchers."""
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -256,8 +258,15 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
     else:
         cmd, log = _command(job, runs_dir / job.name), runs_dir / f"{job.name}.log"
     with open(log, "w") as handle:
-        proc = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
-    return {"name": job.name, "runs": job.run_names(), "returncode": proc.returncode, "log": str(log)}
+        returncode = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
+        for name in job.run_names() if evaluate_n > 0 else []:
+            run_dir = runs_dir / name
+            if is_finished(run_dir) and not (run_dir / "interventions" / "interventions.json").exists():
+                evaluate = [sys.executable, "-m", "hf_mecheval.cli", "evaluate", str(run_dir), "-n", str(evaluate_n)]
+                handle.flush()
+                returncode = returncode or subprocess.run(evaluate, stdout=handle, stderr=subprocess.STDOUT,
+                                                          env={**env, "TQDM_DISABLE": "1"}).returncode
+    return {"name": job.name, "runs": job.run_names(), "returncode": returncode, "log": str(log)}
 
 
 PROCESS_MEMORY_GIB = 3     # a generous bound on one training process of the reference presets (CPU)
@@ -291,9 +300,10 @@ def plan_workers(workers: int | str = "auto") -> tuple[int, int, list[str | None
 
 
 def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int | str = "auto",
-           progress: bool = True, stack: int | str = "auto") -> dict:
+           progress: bool = True, stack: int | str = "auto", evaluate_n: int = 0) -> dict:
     """Run every unfinished run (stacked where ``stack`` allows; ``workers`` processes at once,
-    see ``plan_workers``); returns {"finished", "skipped", "failed"} run names."""
+    see ``plan_workers``), each followed by its intervention grid on ``evaluate_n`` documents when
+    that is > 0; returns {"finished", "skipped", "failed"} run names."""
 
     root = Path(out) / sweep.name
     runs_dir = root / "runs"
@@ -310,16 +320,16 @@ def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int 
     if progress and jobs:
         print(f"{len(jobs)} jobs, {workers} at a time with {threads} thread(s) each", file=sys.stderr)
     if launcher == "local":
-        results = _launch_local(jobs, runs_dir, threads, devices, progress)
+        results = _launch_local(jobs, runs_dir, threads, devices, progress, evaluate_n)
     else:
-        results = _launch_ray(jobs, runs_dir, threads, progress)
+        results = _launch_ray(jobs, runs_dir, threads, progress, evaluate_n)
     finished = [name for r in results for name in r["runs"] if is_finished(runs_dir / name)]
     failed = [f"{name} (exit {r['returncode']}, log {r['log']})" for r in results for name in r["runs"]
               if not is_finished(runs_dir / name)]
     return {"finished": finished, "skipped": skipped, "failed": failed}
 
 
-def _launch_local(todo, runs_dir, threads, devices, progress):
+def _launch_local(todo, runs_dir, threads, devices, progress, evaluate_n):
     """One thread per process slot; a job takes a free slot (and its GPU) and gives it back."""
     import queue
     from concurrent.futures import ThreadPoolExecutor
@@ -332,7 +342,7 @@ def _launch_local(todo, runs_dir, threads, devices, progress):
     def in_a_slot(job):
         device = slots.get()
         try:
-            return execute(job, str(runs_dir), threads, device)
+            return execute(job, str(runs_dir), threads, device, evaluate_n)
         finally:
             slots.put(device)
 
@@ -341,7 +351,7 @@ def _launch_local(todo, runs_dir, threads, devices, progress):
         return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress)]
 
 
-def _launch_ray(todo, runs_dir, threads, progress):
+def _launch_ray(todo, runs_dir, threads, progress, evaluate_n):
     try:
         import ray
     except ImportError:
@@ -354,7 +364,7 @@ def _launch_ray(todo, runs_dir, threads, progress):
                  include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
-        refs = [remote.remote(job, str(runs_dir), threads) for job in todo]
+        refs = [remote.remote(job, str(runs_dir), threads, None, evaluate_n) for job in todo]
         results = []
         for job, ref in zip(todo, tqdm(refs, desc="jobs", disable=not progress)):
             try:

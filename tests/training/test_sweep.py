@@ -103,6 +103,15 @@ def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_p
     assert len(outcome["finished"]) == 1
 
 
+def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
+    sweep = tiny_sweep(architecture=["transformer", "mamba"], learning_rate=[0.01])
+    outcome = launch(sweep, tmp_path, progress=False, evaluate_n=8, workers=1)
+    assert len(outcome["finished"]) == 2 and not outcome["failed"]
+    for run in sweep.runs:
+        result = json.loads((tmp_path / "tiny" / "runs" / run.name / "interventions" / "interventions.json").read_text())
+        assert result["examples"] == 8 and result["mechanism"]["label"]
+
+
 def test_sweep_command(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps({"name": "cli", "task": "ar_32", "defaults": BASE,
@@ -127,8 +136,8 @@ def test_ray_launcher_runs_a_two_run_sweep(tmp_path):
 def test_the_reference_sweep_files_are_valid():
     from pathlib import Path
 
-    files = sorted((Path(__file__).resolve().parents[2] / "hf_mecheval" / "training" / "sweeps").glob("*.yaml"))
-    assert len(files) >= 7
+    files = sorted((Path(__file__).resolve().parents[2] / "hf_mecheval" / "training" / "sweeps").rglob("*.yaml"))
+    assert len(files) >= 11
     for path in files:
         sweep = Sweep.load(path)
         assert sweep.runs and len({r.name for r in sweep.runs}) == len(sweep.runs)
