@@ -178,26 +178,31 @@ class Stack:
 
 def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> list[Run | Stack]:
     """Group runs that may share a stack (equal arguments but learning rate and seeds) into stacks
-    of at most ``stack`` runs (``auto``: ``stack_size_that_fits``). A run left with a checkpoint by
-    a killed worker, or one that wants the restoration callback, is trained alone."""
+    of at most ``stack`` runs (``auto``: ``stack_size_that_fits``). Runs left with a checkpoint by
+    a killed worker come first and train alone (as does one that wants the restoration
+    callback); the rest keep the sweep file's order, a stack taking the place of its first run."""
+    def key(run: Run) -> str:
+        return json.dumps({k: v for k, v in run.args.items() if k not in STACK_FREE_FIELDS}, sort_keys=True,
+                          default=str)
+
+    started = [r for r in todo if any((runs_dir / r.name).glob("checkpoint-*"))]
+    rest = [r for r in todo if r not in started]
     groups: dict[str, list[Run]] = {}
-    jobs: list[Run | Stack] = []
-    for run in todo:
-        alone = any((runs_dir / run.name).glob("checkpoint-*")) or run.args.get("restoration_every_n_steps", 0)
-        if alone:
+    for run in rest:
+        if not run.args.get("restoration_every_n_steps", 0):
+            groups.setdefault(key(run), []).append(run)
+    sizes = {k: stack_size_that_fits(runs[0].args) if stack == "auto" else int(stack) for k, runs in groups.items()}
+    jobs: list[Run | Stack] = list(started)
+    for run in rest:
+        runs = groups.get(key(run), [])
+        if run not in runs or sizes[key(run)] <= 1 or len(runs) == 1:
             jobs.append(run)
-            continue
-        key = json.dumps({k: v for k, v in run.args.items() if k not in STACK_FREE_FIELDS}, sort_keys=True, default=str)
-        groups.setdefault(key, []).append(run)
-    for runs in groups.values():
-        size = stack_size_that_fits(runs[0].args) if stack == "auto" else int(stack)
-        if size <= 1 or len(runs) == 1:
-            jobs += runs
-            continue
-        for i in range(0, len(runs), size):
-            chunk = tuple(runs[i:i + size])
-            digest = hashlib.sha1("\n".join(r.name for r in chunk).encode()).hexdigest()[:10]
-            jobs.append(chunk[0] if len(chunk) == 1 else Stack(f"{chunk[0].name}+{len(chunk) - 1}-{digest}", chunk))
+        elif run is runs[0]:
+            size = sizes[key(run)]
+            for i in range(0, len(runs), size):
+                chunk = tuple(runs[i:i + size])
+                digest = hashlib.sha1("\n".join(r.name for r in chunk).encode()).hexdigest()[:10]
+                jobs.append(chunk[0] if len(chunk) == 1 else Stack(f"{chunk[0].name}+{len(chunk) - 1}-{digest}", chunk))
     return jobs
 
 

@@ -185,10 +185,12 @@ def test_plan_groups_runs_that_differ_in_learning_rate_and_seed_only(tmp_path):
     assert all(len({r.args["architecture"] for r in j.runs}) == 1 for j in stacks)
     assert sorted(r.name for j in stacks for r in j.runs) == sorted(r.name for r in s.runs)
     assert plan_jobs(s.runs, tmp_path, stack=4) == jobs                         # deterministic names
-    assert all(not isinstance(j, Stack) for j in plan_jobs(s.runs, tmp_path, stack=1))
-    # a run a killed worker left with a checkpoint resumes alone
-    (tmp_path / s.runs[0].name / "checkpoint-3").mkdir(parents=True)
-    assert s.runs[0] in plan_jobs(s.runs, tmp_path, stack=4)
+    # without stacking, the sweep file's order (not grouped by architecture)
+    assert plan_jobs(s.runs, tmp_path, stack=1) == s.runs
+    # a run a killed worker left with a checkpoint comes first and resumes alone
+    (tmp_path / s.runs[3].name / "checkpoint-3").mkdir(parents=True)
+    assert plan_jobs(s.runs, tmp_path, stack=4)[0] == s.runs[3]
+    assert plan_jobs(s.runs, tmp_path, stack=1) == [s.runs[3]] + s.runs[:3] + s.runs[4:]
 
 
 def test_stacked_sweep_trains_resumes_and_skips(tmp_path):
