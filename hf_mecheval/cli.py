@@ -184,7 +184,7 @@ def _report_results(args: argparse.Namespace) -> int:
 def _quickstart(args: argparse.Namespace) -> int:
     from .reports.quickstart import quickstart
 
-    quickstart(args.out, tiny=args.tiny)
+    quickstart(args.out, tiny=args.tiny, workers=args.workers)
     return 0
 
 
@@ -342,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "and a report that checks the paper's headline. Finished parts are reused.")
     qs.add_argument("--out", default="runs/quickstart", help="output folder (default runs/quickstart)")
     qs.add_argument("--tiny", action="store_true", help="a seconds-long smoke version (for tests)")
+    qs.add_argument("--workers", type=_workers, default="auto",
+                    help="training processes at once; auto (default): one per core with one thread each on a CPU")
     qs.set_defaults(func=_quickstart)
 
     push = commands.add_parser("push", help="upload a run (model, config, model card, metrics) to the Hub",

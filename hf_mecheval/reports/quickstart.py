@@ -21,10 +21,8 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..io_utils import write_text_atomic
-from ..training.run import as_flags
-from .evaluate_run import evaluate_run, format_score
+from .evaluate_run import format_score
 from .report import collect_runs, markdown_table, write_report
-from .run_files import interventions_path
 
 SETTING = {"task": "ar_32", "task_config": {"num_kv": 64, "num_pairs": 4}, "train_size": 24000, "eval_size": 256,
            "hidden_size": 64, "num_hidden_layers": 2}
@@ -48,13 +46,17 @@ LEARNING_RATES = {"transformer": 3e-4, "based": 1e-3, "mamba_conv4": 1e-3, "mamb
                   "h3": 1e-3, "baseconv": 1e-3, "deltanet": 1e-3}
 
 
-def _train_args(name: str, arch: str, extra: dict, setting: dict, run_dir: Path) -> list[str]:
+# training order: the longest runs first, so that the workers finish at about the same time
+TRAINING_ORDER = ["mamba_conv4", "mamba_conv0", "deltanet", "transformer", "based", "hyena", "h3", "baseconv"]
+
+
+def _train_args(name: str, arch: str, extra: dict, setting: dict) -> dict:
     config = dict(extra)
     args = {"task": setting["task"], "task_config": setting["task_config"], "architecture": arch,
             "hidden_size": setting["hidden_size"], "num_hidden_layers": setting["num_hidden_layers"],
             "train_size": setting["train_size"], "eval_size": setting["eval_size"],
             "learning_rate": LEARNING_RATES[name], "eval_strategy": "no", "save_strategy": "no",
-            "logging_steps": 1000, "disable_tqdm": True, "output_dir": str(run_dir), "overwrite": True}
+            "logging_steps": 1000}
     if "max_position_embeddings" in config:
         args["max_position_embeddings"] = config.pop("max_position_embeddings")
     args["model_config"] = config
@@ -62,7 +64,7 @@ def _train_args(name: str, arch: str, extra: dict, setting: dict, run_dir: Path)
         args["max_steps"] = setting["max_steps"]
     else:
         args["num_train_epochs"] = EPOCHS[name]
-    return as_flags(args)
+    return args
 
 
 def headline(rows: dict[str, dict]) -> list[dict]:
@@ -101,27 +103,23 @@ def headline(rows: dict[str, dict]) -> list[dict]:
     return checks
 
 
-def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress: bool = True) -> dict:
-    from .. import training  # noqa: F401  (fail early if training is unavailable)
-    from ..training.run import is_finished, main as train_main
+def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress: bool = True,
+               workers: int | str = "auto") -> dict:
+    """Train the eight runs (``workers`` processes at once; ``auto``: one 1-thread process per core
+    on a CPU), each followed by its intervention grid, then write the report."""
+    from ..training.sweep import Run, train_runs
 
     setting = TINY if tiny else SETTING
     out = Path(out)
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)      # an unwritable output fails here, before any work
     started = time.perf_counter()
-    for name, arch, extra in MODELS:
-        run_dir = runs_dir / name
-        if not is_finished(run_dir):
-            if progress:
-                print(f"[quickstart] training {name} ...", flush=True)
-            if train_main(_train_args(name, arch, extra, setting, run_dir), prog="mecheval train") != 0:
-                raise MechEvalError(f"training {name} failed (see above)")
-        if not interventions_path(run_dir).exists():
-            if progress:
-                print(f"[quickstart] interventions on {name} ...", flush=True)
-            evaluate_run(run_dir, n=32 if tiny else 256, n_resamples=100 if tiny else 1000, overwrite=True,
-                         progress=progress)
+    models = {name: (arch, extra) for name, arch, extra in MODELS}
+    runs = [Run(name, _train_args(name, *models[name], setting)) for name in TRAINING_ORDER]
+    evaluate = ["-n", "32", "--resamples", "100"] if tiny else ["-n", "256", "--resamples", "1000"]
+    outcome = train_runs(runs, runs_dir, workers=workers, progress=progress, evaluate=evaluate)
+    if outcome["failed"]:
+        raise MechEvalError(f"quickstart: {len(outcome['failed'])} run(s) failed: {'; '.join(outcome['failed'])}")
     rows = {name: r for (name, _, _), r in zip(MODELS, collect_runs([runs_dir / n for n, _, _ in MODELS]))}
     checks = headline(rows)
     minutes = (time.perf_counter() - started) / 60

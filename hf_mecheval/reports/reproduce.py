@@ -24,7 +24,6 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..training.run import is_finished
 from ..training.sweep import Sweep, launch, write_results
-from .evaluate_run import evaluate_run
 from .report import write_report
 
 SWEEPS_DIR = Path(__file__).resolve().parents[1] / "training" / "sweeps"   # package data: in the wheel too
@@ -41,14 +40,11 @@ def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "
     sweep = Sweep.load(SWEEPS_DIR / PRESETS[preset])
     if dry_run:
         return {"runs": [r.name for r in sweep.runs]}
-    # each run's intervention grid right after its training, in the same worker: a sweep stopped
-    # part-way leaves every finished run evaluated
-    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, evaluate_n=n)
+    # each run's intervention grid right after its training, in the same worker (and for finished
+    # runs that have none): a sweep stopped part-way leaves every finished run evaluated
+    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, evaluate=["-n", str(n)])
     write_results(sweep, out)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]
     finished = [r for r in runs if is_finished(r)]
-    for run in finished:      # finished before an earlier reproduce that did not evaluate
-        if not (run / "interventions" / "interventions.json").exists():
-            evaluate_run(run, n=n)
     report = write_report(finished, Path(out) / sweep.name / "report", title=f"hf-mecheval: {preset}")
     return {"outcome": outcome, "report": report["out"]}

@@ -40,7 +40,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -247,10 +247,10 @@ def _stack_command(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
 
 
 def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = None,
-            evaluate_n: int = 0) -> dict:
+            evaluate: Sequence[str] | None = None) -> dict:
     """Run one training process (a run, or a stack of runs) with ``threads`` CPU threads (and only
-    GPU ``device`` visible, when given), then, with ``evaluate_n`` > 0, the intervention grid
-    (``mecheval evaluate -n evaluate_n``) on each of its finished runs that has none yet, in the
+    GPU ``device`` visible, when given), then, unless ``evaluate`` is None, the intervention grid
+    (``mecheval evaluate RUN *evaluate``) on each of its finished runs that has none yet, in the
     same slot; returns {"name", "runs", "returncode", "log"}. Used by both launchers."""
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -262,16 +262,21 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
         log = runs_dir.parent / "stacks" / f"{job.name}.log"
     else:
         cmd, log = _command(job, runs_dir / job.name), runs_dir / f"{job.name}.log"
-    with open(log, "w") as handle:
-        returncode = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
-        for name in job.run_names() if evaluate_n > 0 else []:
+    trained = all(is_finished(runs_dir / name) for name in job.run_names())   # only its grid is missing
+    with open(log, "a" if trained else "w") as handle:
+        returncode = 0 if trained else subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
+        for name in job.run_names() if evaluate is not None else []:
             run_dir = runs_dir / name
-            if is_finished(run_dir) and not (run_dir / "interventions" / "interventions.json").exists():
-                evaluate = [sys.executable, "-m", "hf_mecheval.cli", "evaluate", str(run_dir), "-n", str(evaluate_n)]
+            if is_finished(run_dir) and not has_interventions(run_dir):
                 handle.flush()
-                returncode = returncode or subprocess.run(evaluate, stdout=handle, stderr=subprocess.STDOUT,
-                                                          env={**env, "TQDM_DISABLE": "1"}).returncode
+                returncode = returncode or subprocess.run(
+                    [sys.executable, "-m", "hf_mecheval.cli", "evaluate", str(run_dir), *evaluate],
+                    stdout=handle, stderr=subprocess.STDOUT, env={**env, "TQDM_DISABLE": "1"}).returncode
     return {"name": job.name, "runs": job.run_names(), "returncode": returncode, "log": str(log)}
+
+
+def has_interventions(run_dir: Path) -> bool:
+    return (run_dir / "interventions" / "interventions.json").exists()
 
 
 PROCESS_MEMORY_GIB = 3     # a generous bound on one training process of the reference presets (CPU)
@@ -305,36 +310,48 @@ def plan_workers(workers: int | str = "auto") -> tuple[int, int, list[str | None
 
 
 def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int | str = "auto",
-           progress: bool = True, stack: int | str = "auto", evaluate_n: int = 0) -> dict:
-    """Run every unfinished run (stacked where ``stack`` allows; ``workers`` processes at once,
-    see ``plan_workers``), each followed by its intervention grid on ``evaluate_n`` documents when
-    that is > 0; returns {"finished", "skipped", "failed"} run names."""
-
+           progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None) -> dict:
+    """Run every unfinished run of the sweep into ``<out>/<sweep name>/runs`` (see ``train_runs``);
+    returns {"finished", "skipped", "failed"} run names."""
     root = Path(out) / sweep.name
-    runs_dir = root / "runs"
+    check_launcher(launcher, stack)
+    write_text_atomic(root / "sweep.json", json.dumps([dataclasses.asdict(r) for r in sweep.runs], indent=2),
+                      overwrite=True)
+    return train_runs(sweep.runs, root / "runs", launcher, workers, progress, stack, evaluate)
+
+
+def check_launcher(launcher: str, stack: int | str) -> None:
     if launcher not in ("local", "ray"):
         raise ConfigError("launcher", f"must be 'local' or 'ray', got {launcher!r}")
     if stack != "auto" and (not str(stack).isdigit() or int(stack) < 1):
         raise ConfigError("stack", f"must be 'auto' or a number of runs >= 1, got {stack!r}")
+
+
+def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers: int | str = "auto",
+               progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None) -> dict:
+    """Train every unfinished run into ``runs_dir/<run name>`` (stacked where ``stack`` allows;
+    ``workers`` processes at once, see ``plan_workers``), each followed by its intervention grid
+    (``mecheval evaluate RUN *evaluate``) unless ``evaluate`` is None; returns {"finished",
+    "skipped", "failed"} run names."""
+    check_launcher(launcher, stack)
     workers, threads, devices = plan_workers(workers)
-    write_text_atomic(root / "sweep.json", json.dumps([dataclasses.asdict(r) for r in sweep.runs], indent=2),
-                      overwrite=True)
-    todo = [r for r in sweep.runs if not is_finished(runs_dir / r.name)]
-    skipped = [r.name for r in sweep.runs if r not in todo]
+    todo = [r for r in runs if not is_finished(runs_dir / r.name)
+            or (evaluate is not None and not has_interventions(runs_dir / r.name))]
+    skipped = [r.name for r in runs if r not in todo]
     jobs = plan_jobs(todo, runs_dir, stack)
     if progress and jobs:
         print(f"{len(jobs)} jobs, {workers} at a time with {threads} thread(s) each", file=sys.stderr)
     if launcher == "local":
-        results = _launch_local(jobs, runs_dir, threads, devices, progress, evaluate_n)
+        results = _launch_local(jobs, runs_dir, threads, devices, progress, evaluate)
     else:
-        results = _launch_ray(jobs, runs_dir, threads, progress, evaluate_n)
+        results = _launch_ray(jobs, runs_dir, threads, progress, evaluate)
     finished = [name for r in results for name in r["runs"] if is_finished(runs_dir / name)]
     failed = [f"{name} (exit {r['returncode']}, log {r['log']})" for r in results for name in r["runs"]
               if not is_finished(runs_dir / name)]
     return {"finished": finished, "skipped": skipped, "failed": failed}
 
 
-def _launch_local(todo, runs_dir, threads, devices, progress, evaluate_n):
+def _launch_local(todo, runs_dir, threads, devices, progress, evaluate):
     """One thread per process slot; a job takes a free slot (and its GPU) and gives it back."""
     import queue
     from concurrent.futures import ThreadPoolExecutor
@@ -347,16 +364,16 @@ def _launch_local(todo, runs_dir, threads, devices, progress, evaluate_n):
     def in_a_slot(job):
         device = slots.get()
         try:
-            return execute(job, str(runs_dir), threads, device, evaluate_n)
+            return execute(job, str(runs_dir), threads, device, evaluate)
         finally:
             slots.put(device)
 
     with ThreadPoolExecutor(max_workers=len(devices)) as pool:
         futures = [pool.submit(in_a_slot, job) for job in todo]
-        return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress)]
+        return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress or not todo)]
 
 
-def _launch_ray(todo, runs_dir, threads, progress, evaluate_n):
+def _launch_ray(todo, runs_dir, threads, progress, evaluate):
     try:
         import ray
     except ImportError:
@@ -369,9 +386,9 @@ def _launch_ray(todo, runs_dir, threads, progress, evaluate_n):
                  include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
-        refs = [remote.remote(job, str(runs_dir), threads, None, evaluate_n) for job in todo]
+        refs = [remote.remote(job, str(runs_dir), threads, None, evaluate) for job in todo]
         results = []
-        for job, ref in zip(todo, tqdm(refs, desc="jobs", disable=not progress)):
+        for job, ref in zip(todo, tqdm(refs, desc="jobs", disable=not progress or not todo)):
             try:
                 results.append(ray.get(ref))
             except Exception as exc:  # a worker that died beyond its retries

@@ -31,9 +31,19 @@ def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys):
     assert "mamba (conv 0)" in printed and "report:" in printed
     runs = list(csv.DictReader((out / "runs.csv").open()))
     assert len(runs) == 8
-    # a second invocation reuses the finished runs
+    # a second invocation reuses the finished runs and their intervention grids
+    made = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/*.safetensors")}
+    made.update({p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/interventions/interventions.json")})
+    assert len(made) == 16
     assert mecheval(["quickstart", "--tiny", "--out", str(out)]) == 0
-    assert "[quickstart] training" not in capsys.readouterr().out
+    assert "jobs" not in capsys.readouterr().err          # nothing to train or evaluate
+    assert all(p.stat().st_mtime_ns == t for p, t in made.items())
+    # a run whose grid was lost gets only its grid again, not a new training
+    (out / "runs" / "h3" / "interventions" / "interventions.json").unlink()
+    assert mecheval(["quickstart", "--tiny", "--out", str(out)]) == 0
+    assert (out / "runs" / "h3" / "interventions" / "interventions.json").exists()
+    assert all(p.stat().st_mtime_ns == t for p, t in made.items() if "h3" not in str(p))
+    assert (out / "runs" / "h3" / "model.safetensors").stat().st_mtime_ns == made[out / "runs" / "h3" / "model.safetensors"]
 
 
 def test_report_command_and_errors(tmp_path, capsys):

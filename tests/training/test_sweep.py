@@ -105,7 +105,7 @@ def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_p
 
 def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
     sweep = tiny_sweep(architecture=["transformer", "mamba"], learning_rate=[0.01])
-    outcome = launch(sweep, tmp_path, progress=False, evaluate_n=8, workers=1)
+    outcome = launch(sweep, tmp_path, progress=False, evaluate=["-n", "8", "--resamples", "10"], workers=1)
     assert len(outcome["finished"]) == 2 and not outcome["failed"]
     for run in sweep.runs:
         result = json.loads((tmp_path / "tiny" / "runs" / run.name / "interventions" / "interventions.json").read_text())
