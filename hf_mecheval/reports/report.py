@@ -66,6 +66,10 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
                "seed": record["training"].get("seed"),
                "validation_accuracy": final["validation_accuracy"], "test_accuracy": final["test_accuracy"],
                "train_seconds": _train_seconds(metrics)}
+        # written by runs since the wall clock and the test head exist (training.callbacks.WallClock)
+        for key in ("epochs", "test_head_size", "test_head_accuracy", "train_wall_seconds", "train_segments", "threads"):
+            if key in final:
+                row[key] = final[key]
         path = interventions_path(run_dir)
         if path.exists():
             result = read_interventions(path)
@@ -165,7 +169,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-m
     made = figures(rows, out)
     flat = [{k: v for k, v in r.items() if k not in ("layer_scores", "component_scores")} for r in rows]
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(flat[0]))
+    columns = list(dict.fromkeys(k for r in flat for k in r))      # rows of older runs lack some keys
+    writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
     writer.writerows(flat)
     write_text_atomic(out / "runs.csv", buffer.getvalue(), overwrite=True)

@@ -22,10 +22,11 @@ from pathlib import Path
 from ..errors import MechEvalError
 from ..io_utils import read_json, write_text_atomic
 from .evaluate_run import format_score
+from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
 from .report import figures
 from .run_files import RESULT_ROWS
 
-SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr")
+SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr") + REFERENCE_SWEEPS
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict]]:
@@ -168,9 +169,11 @@ def claim_tables(results: dict[str, list[dict]]) -> dict[str, str]:
         tables["claim7"] = _table(["task", "seeds"] + MECHANISM_COLUMNS, lines)
     compute = []
     for sweep, rows in results.items():
-        seconds = sum(r.get("train_seconds") or 0 for r in rows)
+        seconds = sum(r.get("train_wall_seconds") or r.get("train_seconds") or 0 for r in rows)
         compute.append([sweep, str(len(rows)), f"{seconds / 60:.1f}"])
     tables["compute"] = _table(["sweep", "runs", "training wall time (min, 2-core CPU)"], compute)
+    if any(sweep in results for sweep in REFERENCE_SWEEPS):
+        tables.update(reference_tables(results))
     return tables
 
 

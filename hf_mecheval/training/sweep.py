@@ -412,6 +412,16 @@ def collect(sweep: Sweep, out: str | Path) -> list[dict]:
     return rows
 
 
+def mean_validation_accuracy(rows: list[dict]) -> float:
+    return sum(r["validation_accuracy"] for r in rows) / len(rows)
+
+
+def best_learning_rate(by_lr: dict[float, list[dict]]) -> float:
+    """The learning rate whose runs (one per seed) have the best mean validation accuracy; on a
+    tie, the smaller one."""
+    return max(by_lr, key=lambda lr: (mean_validation_accuracy(by_lr[lr]), -(lr or 0)))
+
+
 def results_table(rows: list[dict], grid_fields: list[str]) -> list[dict]:
     """Best learning rate per configuration by mean validation accuracy; test accuracy there."""
     config_fields = [f for f in grid_fields if f not in SELECTION_FIELDS]
@@ -421,14 +431,12 @@ def results_table(rows: list[dict], grid_fields: list[str]) -> list[dict]:
         groups.setdefault(key, {}).setdefault(row.get("learning_rate"), []).append(row)
     table = []
     for key, by_lr in groups.items():
-        def mean_val(lr):
-            return sum(r["validation_accuracy"] for r in by_lr[lr]) / len(by_lr[lr])
-        best = max(by_lr, key=lambda lr: (mean_val(lr), -(lr or 0)))
+        best = best_learning_rate(by_lr)
         tests = [r["test_accuracy"] for r in by_lr[best]]
         mean = sum(tests) / len(tests)
         sd = math.sqrt(sum((t - mean) ** 2 for t in tests) / (len(tests) - 1)) if len(tests) > 1 else 0.0
         table.append({**dict(zip(config_fields, json.loads(key))), "best_learning_rate": best,
-                      "validation_accuracy": mean_val(best), "test_accuracy_mean": mean, "test_accuracy_sd": sd,
+                      "validation_accuracy": mean_validation_accuracy(by_lr[best]), "test_accuracy_mean": mean, "test_accuracy_sd": sd,
                       "seeds": len(tests), "learning_rates_tried": len(by_lr)})
     return table
 

@@ -61,3 +61,52 @@ def test_report_results_command_regenerates_and_checks(tmp_path, capsys):
     assert check_document(doc, claim_tables(load_results(results))) != []
     assert mecheval(["report", "--results", str(tmp_path / "empty")]) == 2
     assert update_document(doc, {}) == []
+
+
+def test_reference_tables_pick_the_learning_rate_on_validation_and_give_verdicts():
+    def ref(label, arch, lr, val, test, seed=0, task="ar_32", head=None, **extra):
+        return {**row(label, arch, test, seed, task=task, **extra), "learning_rate": lr, "validation_accuracy": val,
+                "test_head_accuracy": head, "train_wall_seconds": 1200.0, "confidence": "high"}
+
+    induction = dict(key=0.0, value=1.0, query=0.0, mechanism="induction")
+    ar = [ref("transformer", "transformer", 1e-3, 0.99, 0.97, head=0.96, **induction),
+          # higher test accuracy but lower validation accuracy: not chosen
+          ref("transformer", "transformer", 3e-4, 0.90, 1.00, head=1.0, **induction),
+          ref("based", "based", 1e-3, 1.0, 1.0, head=1.0, **induction),
+          ref("based", "based", 3e-4, 1.0, 0.99, head=1.0, key=0.0, value=0.0, query=1.0, mechanism="direct_query"),
+          ref("mamba (conv 4)", "mamba", 1e-3, 0.9, 0.8, seed=0, key=0.5, value=0.0, query=0.4, mechanism="direct_key_query"),
+          ref("mamba (conv 4)", "mamba", 1e-3, 0.9, 0.9, seed=1, key=0.3, value=0.1, query=0.6, mechanism="direct_key_query"),
+          ref("hyena", "hyena", 1e-3, 0.3, 0.3), ref("baseconv", "baseconv", 1e-3, 0.2, 0.2),
+          ref("h3", "h3", 1e-3, 0.6, 0.6)]
+    tables = claim_tables({"ref_ar": ar})
+    lines = {line.split(" | ")[0].strip("| "): line for line in tables["ref_ar"].splitlines()[2:]}
+    assert lines["transformer"].startswith("| transformer | 100 | 1e-3 | 3e-4: 90.0, 1e-3: 99.0 | 1 | 97.0 | 96.0 |")
+    # Based: a tie on validation goes to the smaller rate, whose mechanism the table then shows
+    assert "| based | 99 | 3e-4 |" in lines["based"] and "direct_query (high)" in lines["based"]
+    # two seeds: mean ± sample sd of 80 and 90; scores are means over seeds
+    assert "| 2 | 85.0 ± 7.1 | n/a | 0.40 | 0.05 | 0.50 | direct_key_query (high) | 20 |" in lines["mamba (conv 4)"]
+    verdict = {line.split(" | ")[0].strip("| "): line for line in tables["ref_verdicts"].splitlines()[2:]}
+    assert verdict["Transformer and Based solve AR"].endswith("| 97.0 % / 99.0 % | **holds** |")
+    assert verdict["Mamba (conv 4) solves AR"].endswith("| 85.0 % | **holds** |")
+    assert verdict["Hyena, BaseConv and H3 fail"].endswith("**does not hold** |")              # H3 at 60 %
+    assert "direct_query" in verdict["Transformer and Based use induction (@value ≈ 1, @query ≈ 0)"]
+    assert verdict["Transformer and Based use induction (@value ≈ 1, @query ≈ 0)"].endswith("**does not hold** |")
+    assert verdict["Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1"].endswith("**holds** |")
+    assert verdict["DeltaNet retrieves directly, like the other SSMs"].endswith("| — | not run yet |")
+    assert "ref_conv" not in tables and "ref_atr" not in tables
+    # the width ablation: Mamba's conv 4 and Based's conv 3 come from ref_ar, the others from ref_ablations
+    ablations = [ref(f"mamba (conv {k})", "mamba", 1e-3, acc, acc) for k, acc in ((0, 0.05), (1, 0.04), (2, 0.9), (3, 0.92))]
+    ablations.append(ref("based (conv long)", "based", 1e-3, 0.1, 0.1))
+    atr = [ref("transformer", "transformer", 1e-3, 0.9, 0.9, task="atr_easy", epochs=8.0, **induction),
+           ref("mamba (conv 0)", "mamba", 1e-3, 0.7, 0.7, task="atr_easy", epochs=8.0, mechanism="direct_query")]
+    tables = claim_tables({"ref_ar": ar, "ref_ablations": ablations, "ref_atr": atr})
+    order = [line.split(" | ")[0].strip("| ") for line in tables["ref_conv"].splitlines()[2:]]
+    assert order == ["based (conv 3)", "based (conv long)"] + [f"mamba (conv {k})" for k in range(5)]
+    assert "| mamba (conv 1) | 3 | 1e-3 |" in tables["ref_conv"]
+    verdict = {line.split(" | ")[0].strip("| "): line for line in tables["ref_verdicts"].splitlines()[2:]}
+    assert verdict["Mamba needs a short convolution of width ≥ 2 (conv 0-1 collapse, 2-4 work)"].endswith(
+        "| 5.0 % / 4.0 % / 90.0 % / 92.0 % / 85.0 % | **holds** |")
+    assert "| atr_easy | transformer | 8 | 1e-3 |" in tables["ref_atr"]
+    assert verdict["ATR: Mamba without its short convolution learns the task by induction"].endswith(
+        "| 70.0 %, direct_query | **does not hold** |")
+    assert verdict["ATR: the Transformer uses induction, Mamba (conv 4) does not"].endswith("not run yet |")
