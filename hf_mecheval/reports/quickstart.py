@@ -4,7 +4,8 @@ Trains eight models on a reduced AR setting, runs the intervention grid on each,
 ``runs/quickstart/`` (``report.md``, figures, ``summary.json``/``.csv``, one run directory per
 model). The report checks the paper's headline on this setting and says plainly which parts it
 reproduces and which it does not, with the figures. Runs that already finished are reused, so
-an interrupted quickstart continues where it stopped.
+an interrupted quickstart continues where it stopped — only if they were trained with the
+arguments asked for now: a ``--tiny`` folder is refused for the full quickstart, naming what differs.
 
 The reduced setting (``SETTING``): AR with 32 keys and 32 values (``num_kv`` 64), 4 pairs per
 document (13 tokens), 2 layers of width 64, 24 000 training documents, reference recipe
@@ -102,12 +103,18 @@ def headline(rows: dict[str, dict]) -> list[dict]:
 
 
 def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress: bool = True) -> dict:
-    from .. import training  # noqa: F401  (fail early if training is unavailable)
-    from ..training.run import is_finished, main as train_main
+    from ..training.arguments import validate
+    from ..training.run import is_finished, main as train_main, parse, requested_record
+    from ..training.run_dir import check_same_run
 
     setting = TINY if tiny else SETTING
     out = Path(out)
     runs_dir = out / "runs"
+    # a finished run is reused only if it is the run asked for (a --tiny one is not a full one)
+    for name, arch, extra in MODELS:
+        if is_finished(runs_dir / name):
+            parsed = parse(_train_args(name, arch, extra, setting, runs_dir / name))
+            check_same_run(runs_dir / name, requested_record(*parsed, validate(*parsed)), "reuse")
     runs_dir.mkdir(parents=True, exist_ok=True)      # an unwritable output fails here, before any work
     started = time.perf_counter()
     for name, arch, extra in MODELS:
