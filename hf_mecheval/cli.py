@@ -29,13 +29,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+MAX_GRAMMAR_SEEDS = 10_000     # each is a grammar to sample and data to generate: more is a typo
+
+
 def _seed_range(text: str) -> list[int]:
     """``7`` or ``0-29`` (inclusive)."""
     try:
         lo, _, hi = text.partition("-")
-        seeds = list(range(int(lo), int(hi or lo) + 1))
+        lo, hi = int(lo), int(hi or lo)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected SEED or FIRST-LAST, got {text!r}") from None
+    if hi - lo + 1 > MAX_GRAMMAR_SEEDS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_GRAMMAR_SEEDS:,} seeds at once, got {hi - lo + 1:,} ({text})")
+    seeds = list(range(lo, hi + 1))
     if not seeds or seeds[0] < 0:
         raise argparse.ArgumentTypeError(f"expected SEED or FIRST-LAST with 0 <= FIRST <= LAST, got {text!r}")
     return seeds
@@ -49,13 +55,22 @@ def _preset_names() -> list[str]:
 
 # ------------------------------------------------------------------------------ data
 def _data_generate(args: argparse.Namespace) -> int:
-    from .io_utils import write_parquet_atomic
+    from pathlib import Path
+
+    from .io_utils import locked_file, write_parquet_atomic
     from .tasks.presets import build_task
 
     overrides = _grammar_override(args.preset, args.grammar_seed)
     task = build_task(args.preset, **overrides)
-    data = task.generate(args.n, args.split, args.seed, workers=args.workers)
-    write_parquet_atomic(data.to_arrow(), args.out, overwrite=args.overwrite)
+    task.check_size(args.n)
+    out = Path(args.out)
+    if out.is_dir():
+        raise MechEvalError(f"{out} is a folder; give a file name")
+    with locked_file(out):              # a second writer of the same file is refused, not mixed in
+        if out.exists() and not args.overwrite:    # before the work, not after it
+            raise MechEvalError(f"{out} already exists; pass --overwrite to replace it")
+        data = task.generate(args.n, args.split, args.seed, workers=args.workers)
+        write_parquet_atomic(data.to_arrow(), out, overwrite=args.overwrite)
     print(f"wrote {len(data)} {args.split} documents of {args.preset} to {args.out}")
     return 0
 
@@ -97,13 +112,18 @@ def _data_stats(args: argparse.Namespace) -> int:
 def _data_publish(args: argparse.Namespace) -> int:
     from .tasks.publish import materialize, push_to_hub
 
+    api = None
+    if args.push_to_hub:     # the name, the network and the credentials are checked before the work
+        from .hub import create_repo
+
+        api = create_repo(args.push_to_hub, repo_type="dataset")
     folder = materialize(
         args.presets, args.out, train_size=args.train_size, eval_size=args.eval_size, seed=args.seed,
         grammar_seed=args.grammar_seed, overwrite=args.overwrite, workers=args.workers,
     )
     print(f"wrote {', '.join(args.presets)} to {folder} (load with datasets.load_dataset({str(folder)!r}, NAME))")
     if args.push_to_hub:
-        print(f"pushed to {push_to_hub(folder, args.push_to_hub)}")
+        print(f"pushed to {push_to_hub(folder, args.push_to_hub, api=api)}")
     return 0
 
 
@@ -339,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     qs = commands.add_parser("quickstart", help="train 8 models on a reduced AR setting, run the interventions, report",
                              description="The CPU quickstart: Transformer, Based, Mamba (conv 4 and conv 0), Hyena, H3, "
                                          "BaseConv and DeltaNet on a reduced AR setting, the intervention grid on each, "
-                                         "and a report that checks the paper's headline. Finished parts are reused.")
+                                         "and a report that checks the paper's headline. Finished parts of the "
+                                         "same setting are reused.")
     qs.add_argument("--out", default="runs/quickstart", help="output folder (default runs/quickstart)")
     qs.add_argument("--tiny", action="store_true", help="a seconds-long smoke version (for tests)")
     qs.add_argument("--workers", type=_workers, default="auto",
@@ -366,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .children import follow_parent
+
+    follow_parent()              # started by a sweep (an evaluation): stop with it
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["train"]:
         # every flag (--help included) belongs to the training parser; argparse's REMAINDER

@@ -1,24 +1,82 @@
 """Atomic file output: write to a temporary file beside the target, then rename, so a reader
-never sees a half-written file and a crash never destroys a previous good copy. And JSON input
-checked against the shape the caller relies on, so a damaged file is named in one clear error
-instead of a KeyError deep inside whatever reads it."""
+never sees a half-written file and a crash never destroys a previous good copy. Locks, so that
+two processes never write one output. And JSON input checked against the shape the caller relies
+on, so a damaged file is named in one clear error instead of a KeyError deep inside whatever reads it."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import math
 import os
+import re
+import secrets
+import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 from .errors import MechEvalError
+
+# Temporaries are named ".NAME.XXXXXXXX.tmp" beside their target (folders staged beside their
+# target too). A killed process leaves them behind: uploads leave them out (these patterns, in
+# huggingface_hub's fnmatch syntax, where "*" also matches "/"), and commands that own a folder
+# remove stale ones.
+TEMPORARY_PATTERNS = [".*.tmp", "*/.*.tmp", ".*.tmp/*", "*/.*.tmp/*"]
+_TEMPORARY_NAME = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary's (``.NAME.XXXXXXXX.tmp``, as this module and mkstemp name them)."""
+    return _TEMPORARY_NAME.fullmatch(name) is not None
+
+
+def temporary_beside(path: str | os.PathLike) -> Path:
+    """A fresh name ``.NAME.XXXXXXXX.tmp`` beside ``path`` (nothing is created)."""
+    path = Path(path)
+    return path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+
+
+def _new_temporary_file(path: Path) -> Path:
+    """An empty temporary file beside ``path``. It gets the mode of a new file (0666 less the
+    umask: mkstemp's 0600 would make every output private) or, when ``path`` exists, ``path``'s
+    own mode, so that replacing a file keeps who may read it."""
+    for _ in range(100):
+        tmp = temporary_beside(path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            if path.exists():
+                os.fchmod(fd, stat.S_IMODE(path.stat().st_mode))
+        finally:
+            os.close(fd)
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries (files and staged folders) that killed writers left anywhere under
+    ``folder``; returns them. Only for a folder whose lock the caller holds."""
+    removed = []
+    for root, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            if is_temporary(name):
+                target = Path(root) / name
+                shutil.rmtree(target) if name in dirs else target.unlink()
+                removed.append(target)
+        dirs[:] = [d for d in dirs if not is_temporary(d)]
+    return removed
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, overwrite: bool = False):
     """Yields a temporary path; on success it is renamed to ``path``.
 
-    Refuses (``MechEvalError``) when ``path`` exists and ``overwrite`` is false, or when the
-    folder cannot be written."""
+    Refuses (``MechEvalError``) when ``path`` exists and ``overwrite`` is false (checked again
+    at the rename: a file that appeared meanwhile is not replaced), or when the folder cannot
+    be written."""
     path = Path(path)
     if path.is_dir():
         raise MechEvalError(f"{path} is a folder; give a file name")
@@ -26,16 +84,33 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = False):
         raise MechEvalError(f"{path} already exists; pass --overwrite to replace it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
+        tmp = _new_temporary_file(path)
     except OSError as exc:
         raise MechEvalError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
-        yield Path(tmp)
-        os.replace(tmp, path)
+        yield tmp
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _rename_no_replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _rename_no_replace(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` to ``path`` unless ``path`` exists, atomically where the file system has
+    hard links (a link fails on an existing name; a rename would replace it)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise MechEvalError(f"{path} already exists; pass --overwrite to replace it") from None
+    except OSError:                      # no hard links here: check, then rename
+        if path.exists():
+            raise MechEvalError(f"{path} already exists; pass --overwrite to replace it") from None
+        os.replace(tmp, path)
+    else:
+        os.unlink(tmp)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, overwrite: bool = False) -> None:
@@ -68,7 +143,125 @@ def writable_folder(path: str | os.PathLike) -> Path:
     return path
 
 
+# ------------------------------------------------------------------------------ locks
+# flock locks belong to an open file and vanish with the process that holds them, even when it
+# is killed: a lock never outlives its writer, and nothing has to be cleaned up after a crash.
+def _in_use(path: Path) -> MechEvalError:
+    return MechEvalError(f"{path} is in use by another mecheval process; wait for it to finish (or stop it) "
+                         "and try again")
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        import fcntl
+    except ImportError:                  # no flock on this platform: no protection, as before
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def locked_folder(path: str | os.PathLike):
+    """Hold an exclusive lock on the folder ``path`` (created if missing) for the block; another
+    process asking for it meanwhile gets one clear error. The folder itself is locked, so its
+    contents may be replaced freely; a folder created here and still empty at the end is removed."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise MechEvalError(f"{path} is a file, not a folder")
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise MechEvalError(f"cannot write to {path}: {exc.strerror or exc}") from None
+    locked = False
+    try:
+        if not _try_lock(fd):
+            raise _in_use(path)
+        locked = True
+        yield path
+    finally:
+        # only the holder may remove it: a process refused here may have "created" the folder in
+        # the same instant as the one that holds it
+        if created and locked:
+            with contextlib.suppress(OSError):       # not empty (the normal case) or already gone
+                path.rmdir()
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def locked_file(path: str | os.PathLike):
+    """Hold an exclusive lock on the output file ``path`` (which may not exist yet) for the block,
+    through a lock file ``.NAME.lock`` beside it, removed at the end. Whoever holds the lock holds
+    it on the lock file that is at that name now (checked after locking), so removing it is safe."""
+    path = Path(path)
+    lock = path.parent / f".{path.name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MechEvalError(f"cannot write {path}: {exc.strerror or exc}") from None
+    for _ in range(100):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise MechEvalError(f"cannot write {path}: {exc.strerror or exc}") from None
+        if not _try_lock(fd):
+            os.close(fd)
+            raise _in_use(path)
+        try:
+            current = os.stat(lock).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)                     # the holder before us removed it as we opened it: again
+    else:
+        raise _in_use(path)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
+
+
 # ------------------------------------------------------------------------------ JSON input
+def non_finite(value, where: str = "") -> str | None:
+    """The dotted place of the first NaN or infinite number inside ``value`` (dicts, lists,
+    numbers), or None. ``where``: the place of ``value`` itself."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the value"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = non_finite(item, f"{where}.{key}" if where and isinstance(key, str) else
+                           f"{where}[{key}]" if where else str(key))
+        if found:
+            return found
+    return None
+
+
+def refuse_non_finite(value, source: str) -> None:
+    """One clear error when input read from ``source`` (a file, a flag) holds NaN or infinity,
+    which YAML (.nan, .inf) and Python's JSON (NaN, Infinity) read as numbers."""
+    place = non_finite(value)
+    if place:
+        raise MechEvalError(f"{source}: {place} is not a finite number (NaN and infinity are not allowed)")
+
+
+def loads_finite(text: str, source: str):
+    """``json.loads`` for input: NaN and Infinity, which Python's JSON accepts, are refused."""
+    def refuse(constant):
+        raise MechEvalError(f"{source}: {constant} is not a finite number (NaN and infinity are not allowed)")
+
+    def number(text):                    # 1e999 reads as infinity
+        value = float(text)
+        return value if math.isfinite(value) else refuse(text)
+    return json.loads(text, parse_constant=refuse, parse_float=number)
+
+
 NUMBER = (int, float)
 OPTIONAL_NUMBER = (int, float, type(None))
 _JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
@@ -85,19 +278,30 @@ def _place(where: str) -> str:
     return f'"{where}"' if where else "the top level"
 
 
+class maybe:
+    """In a dict shape: a key that may be missing, whose value has ``shape`` when present."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
 def shape_problem(value, shape, where: str = "") -> str | None:
     """What is wrong with ``value`` against ``shape``, or None.
 
     ``shape`` is ``object`` (anything), a type or tuple of types, a dict of required keys (each
-    with its own shape; other keys are allowed) or ``[item shape]`` for a non-empty array.
-    ``where`` is the dotted path of ``value`` in the file, used in the message."""
+    with its own shape, or ``maybe(shape)`` for an optional one; other keys are allowed) or
+    ``[item shape]`` for a non-empty array. ``where`` is the dotted path of ``value`` in the
+    file, used in the message."""
     if isinstance(shape, dict):
         if not isinstance(value, dict):
             return f"{_place(where)} should be an object, not {_json_name(type(value))}"
         for key, inner in shape.items():
             inner_where = f"{where}.{key}" if where else key
             if key not in value:
+                if isinstance(inner, maybe):
+                    continue
                 return f'"{inner_where}" is missing'
+            inner = inner.shape if isinstance(inner, maybe) else inner
             problem = shape_problem(value[key], inner, inner_where)
             if problem:
                 return problem

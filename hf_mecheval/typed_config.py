@@ -7,6 +7,7 @@ validates its values in ``validate`` so that errors name the field and the allow
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping, TypeVar
 
 from .errors import ConfigError
@@ -63,6 +64,8 @@ def check_float(field: str, value: Any, minimum: float | None = None, maximum: f
                 exclusive_min: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(field, f"must be a finite number, got {value}")
     if minimum is not None and (value <= minimum if exclusive_min else value < minimum):
         raise ConfigError(field, f"must be {'>' if exclusive_min else '>='} {minimum}, got {value}")
     if maximum is not None and value > maximum:

@@ -47,6 +47,22 @@ def test_argument_errors_exit_2(argv, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+def test_sizes_and_hub_problems_are_refused_before_any_output(tmp_path, capsys):
+    out = tmp_path / "x.parquet"
+    assert main(["data", "generate", "ar_32", "-n", str(10**12), "--out", str(out)]) == 2
+    assert "1,000,000,000,000 documents of ar would need about" in capsys.readouterr().err
+    for argv, message in ((["--train-size", str(10**12)], "would need about"),
+                          (["--push-to-hub", "bad name!!"], "bad repository name"),
+                          (["--push-to-hub", "me/data"], "offline mode")):           # HF_HUB_OFFLINE in tests
+        assert main(["data", "publish", "ar_32", "--out", str(tmp_path / "pub"), "--eval-size", "4", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit) as info:
+        main(["data", "stats", "atr_easy", "-n", "4", "--grammar-seeds", "0-100000000"])
+    assert info.value.code == 2 and "at most 10,000 seeds" in capsys.readouterr().err
+
+
 def test_stats_json_and_grammar_average(capsys):
     assert main(["data", "stats", "atr_easy", "-n", "200", "--grammar-seeds", "0-2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -38,6 +38,29 @@ def build_model(architecture: str, **config_fields) -> MechEvalForCausalLM:
     return lm_cls(config_cls(**config_fields))
 
 
+def count_parameters(config) -> int:
+    """Parameters of the model ``config`` describes, counted without allocating any: built on
+    the meta device with at most 8 of its layers; further layers count as the mean of those (the
+    layer patterns repeat with period 1 or 2), so a config with 10^6 layers is counted at once."""
+    import copy
+
+    import torch
+
+    lm_cls = next(lm for cfg, _, lm in MODEL_CLASSES.values() if type(config) is cfg)
+    built = copy.deepcopy(config)
+    built.num_hidden_layers = min(config.num_hidden_layers, 8)
+    try:
+        with torch.device("meta"):
+            model = lm_cls(built)
+    except RuntimeError as exc:       # a weight of more than 2^63 bytes: torch cannot even describe it
+        if "overflow" in str(exc):
+            raise OverflowError(f"a weight of this model would hold more than 2^63 bytes ({exc})") from None
+        raise
+    total = sum(p.numel() for p in model.parameters())
+    per_layer = [sum(p.numel() for p in layer.parameters()) for layer in model.model.layers]
+    return total + (config.num_hidden_layers - built.num_hidden_layers) * sum(per_layer) // len(per_layer)
+
+
 __all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "H3Config", "HyenaConfig",
            "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES", "MechEvalForCausalLM",
-           "MechEvalModel", "register_auto_classes", "build_model"]
+           "MechEvalModel", "register_auto_classes", "build_model", "count_parameters"]

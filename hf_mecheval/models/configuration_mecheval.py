@@ -34,6 +34,8 @@ def _float(cfg, name, minimum=None, exclusive=False):
     value = getattr(cfg, name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(name, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(name, f"must be a finite number, got {value}")
     if minimum is not None and (value <= minimum if exclusive else value < minimum):
         raise ConfigError(name, f"must be {'>' if exclusive else '>='} {minimum}, got {value}")
 
@@ -252,6 +254,7 @@ class MambaConfig(MechEvalConfig):
             _int(self, "dt_rank", minimum=1)
         _float(self, "dt_min", minimum=0, exclusive=True)
         _float(self, "dt_max", minimum=self.dt_min)
+        _float(self, "dt_init_floor", minimum=0)
         if self.kernels == "cuda" and self.conv_kernel not in (0, 2, 3, 4):
             raise ConfigError("conv_kernel", f"the CUDA path (causal-conv1d) runs widths 2, 3, 4 (or 0 = none), "
                                              f"got {self.conv_kernel}; use kernels='torch' or 'auto'")

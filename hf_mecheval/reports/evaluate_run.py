@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from ..errors import MechEvalError
-from ..io_utils import read_json, writable_folder, write_text_atomic
+from ..io_utils import locked_folder, read_json, writable_folder, write_text_atomic
+from ..resources import check_memory
 from ..tasks.presets import get_preset, task_from_dict
 from . import plots
 from .run_files import RESTORATION_HISTORY, read_finished_run, require_files
@@ -89,16 +90,25 @@ def _check_counts(n: int, batch_size: int) -> None:
 def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 320, split: str = "test",
                  seed: int | None = None, sites: list[str] | None = None, batch_size: int = 64,
                  n_resamples: int = 1000, overwrite: bool = False, progress: bool = True) -> dict:
-    from ..interventions import run_grid
-
     # every input and the output folder are checked before the grid, which is the slow part
     _check_counts(n, batch_size)
     model, task, record = load_run(run_dir)
+    check_memory(f"the bootstrap ({n_resamples:,} resamples of {n:,} documents)",
+                 {"resamples": 8 * 4 * n_resamples * n})      # index and value arrays per resample
+    task.check_size(n)
     out = Path(out) if out is not None else Path(run_dir) / "interventions"
     target = out / "interventions.json"
     if target.exists() and not overwrite:
         raise MechEvalError(f"{target} already exists; pass --overwrite to replace it")
+    with locked_folder(run_dir):        # it also writes the run's model card: one writer at a time
+        return _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples, progress)
+
+
+def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples, progress) -> dict:
+    from ..interventions import run_grid
+
     writable_folder(out)
+    target = out / "interventions.json"
     history_path = Path(run_dir) / "restoration_history.json"
     # written by the RestorationCallback during training
     history = read_json(history_path, RESTORATION_HISTORY) if history_path.exists() else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import MechEvalError
 from .run_files import interventions_path, read_finished_run, read_interventions, require_files
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
@@ -68,29 +67,12 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
 
 def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
     """Upload a run directory's model, config and card as a model repository."""
-    from huggingface_hub import HfApi, errors
-    from huggingface_hub.utils import validate_repo_id
+    from ..hub import check_repo_id, create_repo, upload_folder
 
-    try:
-        validate_repo_id(repo_id)
-    except errors.HFValidationError as exc:
-        raise MechEvalError(f"bad repository name {repo_id!r}: {_first_line(exc)}") from None
+    check_repo_id(repo_id)
     require_files(run_dir, ("config.json", "model.safetensors", "run.json", "metrics.json"))
     write_model_card(run_dir, repo_id)
-    api = HfApi()
-    # the Hub's HTTP errors are OSErrors, but a refused or failed connection is the HTTP
-    # library's own error (requests' is an OSError too, httpx's is not)
-    network_errors = (OSError, getattr(errors, "HTTPError", OSError))
-    try:
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        api.upload_folder(folder_path=str(run_dir), repo_id=repo_id,
-                          allow_patterns=["config.json", "model.safetensors", "README.md", "run.json",
-                                          "metrics.json", "interventions/*"])
-    except network_errors as exc:
-        raise MechEvalError(f"cannot push {run_dir} to {repo_id}: {_first_line(exc)}") from None
+    api = create_repo(repo_id, private=private, what=f"push {run_dir} to {repo_id}")
+    upload_folder(api, run_dir, repo_id, allow_patterns=["config.json", "model.safetensors", "README.md", "run.json",
+                                                         "metrics.json", "interventions/*"])
     return f"https://huggingface.co/{repo_id}"
-
-
-def _first_line(exc: Exception) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

@@ -4,7 +4,8 @@ Trains eight models on a reduced AR setting, runs the intervention grid on each,
 ``runs/quickstart/`` (``report.md``, figures, ``summary.json``/``.csv``, one run directory per
 model). The report checks the paper's headline on this setting and says plainly which parts it
 reproduces and which it does not, with the figures. Runs that already finished are reused, so
-an interrupted quickstart continues where it stopped.
+an interrupted quickstart continues where it stopped — only if they were trained with the
+arguments asked for now: a ``--tiny`` folder is refused for the full quickstart, naming what differs.
 
 The reduced setting (``SETTING``): AR with 32 keys and 32 values (``num_kv`` 64), 4 pairs per
 document (13 tokens), 2 layers of width 64, 24 000 training documents, reference recipe
@@ -107,15 +108,17 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
                workers: int | str = "auto") -> dict:
     """Train the eight runs (``workers`` processes at once; ``auto``: one 1-thread process per core
     on a CPU), each followed by its intervention grid, then write the report."""
-    from ..training.sweep import Run, train_runs
+    from ..training.sweep import Run, check_existing_runs, train_runs
 
     setting = TINY if tiny else SETTING
     out = Path(out)
     runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)      # an unwritable output fails here, before any work
-    started = time.perf_counter()
     models = {name: (arch, extra) for name, arch, extra in MODELS}
     runs = [Run(name, _train_args(name, *models[name], setting)) for name in TRAINING_ORDER]
+    # a finished run is reused only if it is the run asked for (a --tiny one is not a full one)
+    check_existing_runs(runs, runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)      # an unwritable output fails here, before any work
+    started = time.perf_counter()
     evaluate = ["-n", "32", "--resamples", "100"] if tiny else ["-n", "256", "--resamples", "1000"]
     outcome = train_runs(runs, runs_dir, workers=workers, progress=progress, evaluate=evaluate)
     if outcome["failed"]:

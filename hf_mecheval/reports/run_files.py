@@ -8,10 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import MechEvalError
-from ..io_utils import NUMBER, OPTIONAL_NUMBER, read_json
+from ..io_utils import NUMBER, OPTIONAL_NUMBER, maybe, read_json
 
-# run.json, written by `mecheval train` (training.run.run_record)
-RUN_RECORD = {"model": dict, "task": {"preset": str, "config": dict}, "training": dict}
+# run.json, written by `mecheval train` (training.run.run_record); what the reports tabulate and
+# plot must have its type, or one run of another type would break a table or a figure
+RUN_RECORD = {"model": {"architecture": maybe(str), "hidden_size": int, "num_hidden_layers": int,
+                        "conv_kernel": maybe((int, str)), "short_conv_kernel": maybe((int, str))},
+              "task": {"preset": str, "config": dict},
+              "training": {"learning_rate": maybe(NUMBER), "seed": maybe(int)}}
 # metrics.json, written last by `mecheval train`: its presence marks a finished run
 METRICS = {"final": {"validation_accuracy": NUMBER, "test_accuracy": NUMBER}}
 # interventions/interventions.json, written by `mecheval evaluate` (schema in interventions.grid)

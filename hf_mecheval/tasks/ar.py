@@ -104,6 +104,13 @@ class ARTask(Task):
     def token_classes(self) -> dict[str, range]:
         return {"key": self.key_ids, "value": self.value_ids}
 
+    def max_document_length(self) -> int:
+        return 2 * self.config.pair_range[1] + 5
+
+    def length_sample(self) -> tuple[float, int]:
+        lo, hi = self.config.pair_range      # exact: the number of pairs is uniform in lo..hi
+        return float(lo + hi + 5), 2 * hi + 5
+
     def is_heldout(self, key_index: np.ndarray, value_index: np.ndarray) -> np.ndarray:
         """Whether (key, value) combinations (0-based indices) are held out for test."""
         if self.config.heldout_fraction == 0.0:

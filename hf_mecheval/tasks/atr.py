@@ -28,6 +28,7 @@ import functools
 import numpy as np
 
 from ..errors import ConfigError
+from ..resources import check_memory
 from ..typed_config import StrictConfig, check_choice, check_float, check_int
 from . import seeding
 from .base import Task, random_member_per_group
@@ -35,6 +36,9 @@ from .data import BOS, EOS, NUM_SPECIAL, TaskData
 from .grammar import Grammar, Sentences, generate_sentences, sample_grammar
 
 MAX_EMPTY_ROUNDS = 50   # consecutive rounds of sentences that gave no document before giving up
+# sampling a grammar takes time quadratic in its nonterminals (each one's deeper ones are looked
+# up): 10^5 take seconds, 10^7 would take days
+MAX_NONTERMINALS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +63,7 @@ class ATRConfig(StrictConfig):
 
     def validate(self) -> None:
         check_int("num_terminals", self.num_terminals, minimum=2)
-        check_int("num_nonterminals", self.num_nonterminals, minimum=1)
+        check_int("num_nonterminals", self.num_nonterminals, minimum=1, maximum=MAX_NONTERMINALS)
         check_int("max_rules", self.max_rules, minimum=1)
         check_int("max_rhs_len", self.max_rhs_len, minimum=2)
         check_int("max_depth", self.max_depth, minimum=1)
@@ -77,6 +81,9 @@ class ATRConfig(StrictConfig):
             raise ConfigError("heldout_fraction", "must be < 1 (train/validation need queryable pairs)")
         check_int("grammar_seed", self.grammar_seed, minimum=0)
         check_int("heldout_seed", self.heldout_seed, minimum=0)
+        # each nonterminal's distribution over head terminals, with its CDF (float64), and the rules
+        grammar = self.num_nonterminals * (self.num_terminals * 3 * 8 + self.max_rules * (self.max_rhs_len + 2) * 8)
+        check_memory("this ATR grammar", {"grammar": grammar})
 
 
 class ATRTask(Task):
@@ -105,6 +112,9 @@ class ATRTask(Task):
     @property
     def token_classes(self) -> dict[str, range]:
         return {"terminal": self.terminal_ids}
+
+    def max_document_length(self) -> int:
+        return self.config.max_length + 5
 
     def is_heldout(self, answer_label: np.ndarray, query_label: np.ndarray) -> np.ndarray:
         """Whether (answer label, query label) pairs (terminal indices) are held out for test."""

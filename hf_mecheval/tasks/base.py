@@ -15,10 +15,15 @@ import multiprocessing
 import numpy as np
 
 from ..errors import ConfigError
+from ..resources import check_memory
 from . import seeding
 from .data import TaskData
 
 GENERATOR_VERSION = "1.0"
+# memory per token: generated (tokens, labels and per-token metadata as int32, the chunks and their
+# concatenation, the Arrow copy) and, for training, padded (input_ids and labels as int64)
+GENERATED_BYTES_PER_TOKEN = 24
+PADDED_BYTES_PER_TOKEN = 16
 
 
 class Task(abc.ABC):
@@ -62,6 +67,39 @@ class Task(abc.ABC):
     def describe(self) -> str:
         return f"{self.name} {self.config.to_dict()} (generator {GENERATOR_VERSION})"
 
+    @abc.abstractmethod
+    def max_document_length(self) -> int:
+        """The longest document this task's configuration allows (tokens)."""
+
+    def length_sample(self) -> tuple[float, int]:
+        """Mean and longest length of one chunk of validation documents (data seed 0): what
+        documents are like where the configured bound says little."""
+        if getattr(self, "_length_sample", None) is None:
+            lengths = self._chunk("validation", 0, 0).lengths
+            self._length_sample = (float(lengths.mean()), int(lengths.max()))
+        return self._length_sample
+
+    def longest_estimate(self) -> int:
+        """The longest document to plan memory for (training pads to it): the configured bound, or,
+        where that bound is far beyond what documents reach (over 4096 tokens), twice the longest
+        of a sample."""
+        bound = self.max_document_length()
+        return bound if bound <= 4096 else min(bound, 2 * self.length_sample()[1])
+
+    def memory_estimate(self, n: int, padded: bool = False) -> int:
+        """Bytes that ``n`` documents take (``padded``: as training pads them too)."""
+        per_token = GENERATED_BYTES_PER_TOKEN + (PADDED_BYTES_PER_TOKEN if padded else 0)
+        bound = n * self.max_document_length() * per_token
+        if bound <= 2**30:                  # small whatever the documents are like
+            return bound
+        mean = self.length_sample()[0]
+        return int(n * (mean * GENERATED_BYTES_PER_TOKEN + (self.longest_estimate() * PADDED_BYTES_PER_TOKEN
+                                                             if padded else 0)))
+
+    def check_size(self, n: int) -> None:
+        """Refuse, with the estimate, a number of documents that cannot fit in memory."""
+        check_memory(f"{n:,} documents of {self.name}", {"documents": self.memory_estimate(n)})
+
     def token_class_of(self, token_id: int) -> tuple[str, range]:
         for name, ids in self.token_classes.items():
             if token_id in ids:
@@ -75,6 +113,7 @@ class Task(abc.ABC):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError("seed", f"must be a non-negative integer, got {seed!r}")
         seeding.split_index(split)
+        self.check_size(n)
         num_chunks = -(-n // self.chunk_size)
         if n == 0:
             return self._chunk(split, seed, 0).head(0)

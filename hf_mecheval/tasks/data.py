@@ -2,6 +2,9 @@
 
 Documents have different lengths (ATR), so tokens are kept flat with offsets (the layout of
 an Arrow list column): converting to a ``datasets.Dataset`` or to parquet is zero-copy.
+An Arrow list column (``datasets.List``, what the ``Features`` say) has 32-bit offsets, so it holds
+at most 2^31 - 1 tokens per chunk: larger data (~58 M ``ar_32`` documents) becomes a table of
+several chunks, each a whole number of documents, with the same type.
 """
 from __future__ import annotations
 
@@ -18,6 +21,21 @@ NUM_SPECIAL = 3
 # Per-document columns every task provides, in dataset column order.
 POSITION_COLUMNS = ("key_pos", "value_pos", "divider_pos", "query_pos", "answer_pos")
 DOCUMENT_COLUMNS = ("answer",) + POSITION_COLUMNS
+MAX_LIST_TOKENS = 2**31 - 1      # values one Arrow list array can address with its int32 offsets
+
+
+def chunk_bounds(offsets: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Consecutive document ranges ``[lo, hi)`` covering every document, each of at most
+    ``limit`` tokens (``offsets``: as ``TaskData.offsets``)."""
+    n = len(offsets) - 1
+    bounds, lo = [], 0
+    while lo < n:
+        hi = int(np.searchsorted(offsets, offsets[lo] + limit, side="right")) - 1
+        if hi <= lo:
+            raise ValueError(f"document {lo} has more than {limit} tokens")
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds or [(0, 0)]
 
 
 @dataclasses.dataclass
@@ -101,20 +119,29 @@ class TaskData:
 
     # ----------------------------------------------------------------------------- Arrow
     def to_arrow(self) -> pa.Table:
-        offsets = pa.array(self.offsets.astype(np.int32))
+        labels = self.labels()
+        batches = [self._arrow_arrays(lo, hi, labels) for lo, hi in chunk_bounds(self.offsets, MAX_LIST_TOKENS)]
+        if len(batches) == 1:
+            return pa.table(batches[0])
+        return pa.Table.from_batches([pa.record_batch(b) for b in batches])
+
+    def _arrow_arrays(self, lo: int, hi: int, labels: np.ndarray) -> dict[str, pa.Array]:
+        """Documents lo:hi as Arrow arrays (fewer than 2^31 tokens)."""
+        start, end = int(self.offsets[lo]), int(self.offsets[hi])
+        offsets = pa.array((self.offsets[lo:hi + 1] - start).astype(np.int32))
 
         def list_column(flat: np.ndarray) -> pa.Array:
-            return pa.ListArray.from_arrays(offsets, pa.array(flat.astype(np.int32)))
+            return pa.ListArray.from_arrays(offsets, pa.array(flat[start:end].astype(np.int32)))
 
-        arrays = {"input_ids": list_column(self.tokens), "labels": list_column(self.labels())}
+        arrays = {"input_ids": list_column(self.tokens), "labels": list_column(labels)}
         for name in DOCUMENT_COLUMNS:
-            arrays[name] = pa.array(self.columns[name].astype(np.int32))
+            arrays[name] = pa.array(self.columns[name][lo:hi].astype(np.int32))
         for name, values in self.columns.items():
             if name not in DOCUMENT_COLUMNS:
-                arrays[name] = pa.array(values.astype(np.int32))
+                arrays[name] = pa.array(values[lo:hi].astype(np.int32))
         for name, values in self.token_columns.items():
             arrays[name] = list_column(values)
-        return pa.table(arrays)
+        return arrays
 
     @staticmethod
     def from_arrow(table: pa.Table) -> "TaskData":
@@ -127,17 +154,14 @@ class TaskData:
                 f"dataset lacks the column(s) {', '.join(missing)}; hf-mecheval needs "
                 f"input_ids, {', '.join(DOCUMENT_COLUMNS)}"
             )
-        ids = table.column("input_ids").combine_chunks()
-        offsets = ids.offsets.to_numpy().astype(np.int64)
-        offsets = offsets - offsets[0]
-        tokens = ids.flatten().to_numpy().astype(np.int32)
+        tokens, offsets = _flat_lists(table.column("input_ids"))
         columns, token_columns = {}, {}
         for name in table.column_names:
             if name in ("input_ids", "labels"):
                 continue
-            col = table.column(name).combine_chunks()
+            col = table.column(name)
             if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-                token_columns[name] = col.flatten().to_numpy().astype(np.int32)
+                token_columns[name] = _flat_lists(col)[0]
             else:
                 columns[name] = col.to_numpy().astype(np.int32)
         return TaskData(tokens, offsets, columns, token_columns)
@@ -155,6 +179,20 @@ class TaskData:
         if info is None:
             info = datasets.DatasetInfo(features=self.features())
         return datasets.Dataset(self.to_arrow(), info=info)
+
+
+def _flat_lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's values (int32) and its offsets (int64) over all its chunks, never
+    combining them into one array (more than 2^31 values would not fit one)."""
+    values, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
+    for chunk in column.chunks:
+        local = chunk.offsets.to_numpy().astype(np.int64)
+        local = local - local[0]                 # a slice's offsets start where the slice does
+        values.append(chunk.flatten().to_numpy(zero_copy_only=False).astype(np.int32))
+        offsets.append(local[1:] + base)
+        base += int(local[-1])
+    flat = np.concatenate(values) if values else np.zeros(0, dtype=np.int32)
+    return flat, np.concatenate(offsets)
 
 
 def features_for(document_metadata: list[str], token_metadata: list[str]):

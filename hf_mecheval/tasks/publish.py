@@ -7,16 +7,25 @@ Layout::
     FOLDER/README.md                                            the card, for every preset in FOLDER
     FOLDER/<preset>/{train,validation,test}-00000-of-00001.parquet
     FOLDER/<preset>/card.json                                   that preset's section of the card
+
+Publishing is all or nothing: every preset is written into a folder staged beside its own
+(``FOLDER/.<preset>.XXXXXXXX.tmp``) and swapped in only once all of them are complete, then
+the card is rewritten; an interrupted publish leaves the previous data whole (or, killed in the
+instant of a swap, a preset missing, which ``load_dataset`` reports), never splits of two
+publishes. The folder is locked while it is written, so two publishes never mix either.
 """
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import yaml
 
 from ..errors import MechEvalError
-from ..io_utils import write_parquet_atomic, write_text_atomic
+from ..io_utils import (is_temporary, locked_folder, remove_stale_temporaries, temporary_beside, write_parquet_atomic,
+                        write_text_atomic)
 from .base import GENERATOR_VERSION
 from .presets import get_preset, build_task
 from .seeding import SPLITS
@@ -41,39 +50,83 @@ def materialize(
     """Write every split of every preset, then the dataset card, which lists every preset in the
     folder (those published here earlier too: each preset keeps what its card section says in
     ``<preset>/card.json``); returns the folder. A README.md that this command did not write is
-    replaced only with ``overwrite``."""
+    replaced only with ``overwrite``; a preset folder holding anything else than what this
+    command writes is never replaced. All or nothing (see the module docstring)."""
     from tqdm.auto import tqdm
 
     folder = Path(folder)
-    card_path = folder / "README.md"
-    if card_path.exists() and not overwrite and not _is_our_card(card_path):
-        raise MechEvalError(f"{card_path} exists and is not a card written by mecheval data publish; "
-                            "pass --overwrite to replace it")
-    tasks = {}
-    for name in presets:
+    tasks, sizes = {}, {}
+    for name in presets:                  # every value checked before the folder is touched
         preset = get_preset(name)
         tasks[name] = build_task(name, **({} if grammar_seed is None or preset.task != "atr" else {"grammar_seed": grammar_seed}))
-        for split in SPLITS:
-            if (folder / split_file(name, split)).exists() and not overwrite:
-                raise MechEvalError(f"{folder / split_file(name, split)} already exists; pass --overwrite to replace it")
-    for name, task in tasks.items():
-        preset = get_preset(name)
-        sizes = {
+        sizes[name] = {
             "train": preset.train_size if train_size is None else train_size,
             "validation": preset.eval_size if eval_size is None else eval_size,
             "test": preset.eval_size if eval_size is None else eval_size,
         }
-        split_stats = {}
-        for split in tqdm(SPLITS, desc=name, disable=not progress):
-            data = task.generate(sizes[split], split, seed, workers)
-            write_parquet_atomic(data.to_arrow(), folder / split_file(name, split), overwrite=overwrite)
-            split_stats[split] = task_statistics(data) if len(data) else {}
-        entry = {"preset": name, "description": preset.description, "generator_version": GENERATOR_VERSION,
-                 "seed": seed, "grammar_seed": getattr(task.config, "grammar_seed", None),
-                 "vocab_size": task.vocab_size, "config": task.config.to_dict(), "sizes": sizes, "stats": split_stats}
-        write_text_atomic(folder / name / CARD_ENTRY, json.dumps(entry, indent=2) + "\n", overwrite=True)
-    write_text_atomic(card_path, dataset_card(_card_entries(folder, presets)), overwrite=True)
+        for n in set(sizes[name].values()):
+            tasks[name].check_size(n)
+    with locked_folder(folder):
+        card_path = folder / "README.md"
+        if card_path.exists() and not overwrite and not _is_our_card(card_path):
+            raise MechEvalError(f"{card_path} exists and is not a card written by mecheval data publish; "
+                                "pass --overwrite to replace it")
+        for name in presets:
+            _check_preset_folder(folder / name, name, overwrite)
+        remove_stale_temporaries(folder)      # from a publish that was killed: nothing else writes here
+        staged = {}
+        try:
+            for name, task in tasks.items():
+                staged[name] = stage = temporary_beside(folder / name)
+                stage.mkdir()
+                split_stats = {}
+                for split in tqdm(SPLITS, desc=name, disable=not progress):
+                    data = task.generate(sizes[name][split], split, seed, workers)
+                    write_parquet_atomic(data.to_arrow(), stage / split_file(name, split).split("/", 1)[1])
+                    split_stats[split] = task_statistics(data) if len(data) else {}
+                preset = get_preset(name)
+                entry = {"preset": name, "description": preset.description, "generator_version": GENERATOR_VERSION,
+                         "seed": seed, "grammar_seed": getattr(task.config, "grammar_seed", None),
+                         "vocab_size": task.vocab_size, "config": task.config.to_dict(), "sizes": sizes[name],
+                         "stats": split_stats}
+                write_text_atomic(stage / CARD_ENTRY, json.dumps(entry, indent=2) + "\n")
+            for name, stage in staged.items():   # every preset is complete: swap them in
+                _swap(stage, folder / name)
+        finally:
+            for stage in staged.values():
+                if stage.exists():
+                    shutil.rmtree(stage)
+        write_text_atomic(card_path, dataset_card(_card_entries(folder, presets)), overwrite=True)
     return folder
+
+
+def _check_preset_folder(path: Path, name: str, overwrite: bool) -> None:
+    """A preset's folder may be replaced (with ``overwrite``) only if it holds what publish writes."""
+    if not path.exists():
+        return
+    ours = {split_file(name, split).split("/", 1)[1] for split in SPLITS} | {CARD_ENTRY}
+    if not path.is_dir() or path.is_symlink():
+        raise MechEvalError(f"{path} is not a folder of {name}'s splits; move it away to publish {name} here")
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in ours and not is_temporary(p.name))
+    if foreign:
+        raise MechEvalError(f"{path} holds {', '.join(foreign[:3])}, which mecheval data publish does not write; "
+                            f"move it away to publish {name} here")
+    for split in SPLITS:
+        if (path.parent / split_file(name, split)).exists() and not overwrite:
+            raise MechEvalError(f"{path.parent / split_file(name, split)} already exists; pass --overwrite to "
+                                "replace it")
+
+
+def _swap(stage: Path, target: Path) -> None:
+    """Put the complete folder ``stage`` in place of ``target``: two renames, the old folder
+    removed after."""
+    old = None
+    if target.exists():
+        old = temporary_beside(target)
+        os.rename(target, old)
+    os.rename(stage, target)
+    if old is not None:
+        shutil.rmtree(old)
 
 
 CARD_ENTRY = "card.json"
@@ -96,7 +149,7 @@ def _card_entries(folder: Path, first: list[str]) -> list[dict]:
     entries = {}
     for path in sorted(folder.glob(f"*/{CARD_ENTRY}")):
         name = path.parent.name
-        if not all((folder / split_file(name, split)).exists() for split in SPLITS):
+        if is_temporary(name) or not all((folder / split_file(name, split)).exists() for split in SPLITS):
             continue
         try:
             entries[name] = json.loads(path.read_text())
@@ -168,11 +221,12 @@ def dataset_card(entries: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def push_to_hub(folder: str | Path, repo_id: str, private: bool = False) -> str:
-    """Upload a materialised folder as a dataset repository."""
-    from huggingface_hub import HfApi
+def push_to_hub(folder: str | Path, repo_id: str, private: bool = False, api=None) -> str:
+    """Upload a materialised folder as a dataset repository (``api``: from ``hub.create_repo``,
+    which ``mecheval data publish`` calls before building anything). Temporaries left by an
+    interrupted writer are never uploaded."""
+    from ..hub import create_repo, upload_folder
 
-    api = HfApi()
-    api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
-    api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="dataset")
+    api = api or create_repo(repo_id, repo_type="dataset", private=private)
+    upload_folder(api, folder, repo_id, repo_type="dataset")
     return f"https://huggingface.co/datasets/{repo_id}"

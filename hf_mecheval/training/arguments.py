@@ -10,13 +10,14 @@ validation every epoch and at the end.
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 from typing import Any
 
 import torch
 from transformers import TrainingArguments
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MechEvalError
+from ..io_utils import loads_finite
 from ..typed_config import check_int
 from ..models import MODEL_CLASSES
 from ..tasks.presets import PRESETS
@@ -112,31 +113,60 @@ class MechEvalTrainingArguments(TrainingArguments):
     remove_unused_columns: bool = False   # batches come ready-made from PaddedTaskDataset
     dataloader_pin_memory: bool = dataclasses.field(default_factory=torch.cuda.is_available)
 
+    def __post_init__(self):
+        # transformers puts "trainer_output" in place of a missing output_dir; a run's directory is
+        # always chosen, so remember that none was (``validate`` refuses it)
+        self.output_dir_given = self.output_dir is not None
+        super().__post_init__()
+
 
 def _json_object(field: str, text: str | dict) -> dict:
     if isinstance(text, dict):
         return text
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(field, f"must be a JSON object: {exc.msg}") from None
+        value = loads_finite(text, f"--{field}")
+    except ValueError as exc:          # not JSON (json.JSONDecodeError)
+        raise ConfigError(field, f"must be a JSON object: {getattr(exc, 'msg', exc)}") from None
     if not isinstance(value, dict):
         raise ConfigError(field, f"must be a JSON object, got {text!r}")
     return value
 
 
 SEED_LIMIT = 2**32 - 1   # transformers.set_seed seeds numpy's legacy global generator
+# activation memory per token, layer and hidden unit (bytes): a generous fp32 bound for these blocks
+ACTIVATION_BYTES = 4 * 32
+
+
+def resolved_sizes(data: DataArguments, run: RunArguments, training) -> tuple[int, int, float]:
+    """(training documents, validation/test documents each, epochs) from the flags, the recipe or
+    the preset."""
+    preset = PRESETS[data.task]
+    quick = run.recipe == "quick"
+    train_size = data.train_size or (QUICK_RECIPE["train_size"] if quick else preset.train_size)
+    eval_size = data.eval_size or (QUICK_RECIPE["eval_size"] if quick else preset.eval_size)
+    epochs = training.num_train_epochs
+    if epochs is None:
+        epochs = QUICK_RECIPE["num_train_epochs"] if quick else (16.0 if preset.task == "ar" else 32.0)
+    return train_size, eval_size, epochs
 
 
 def validate(model: ModelArguments, data: DataArguments, run: RunArguments, training):
     """Everything that can be checked before any work starts (and before an existing run is
-    replaced): every argument, the task's and the model's configuration. Returns the task."""
+    replaced): every argument, the task's and the model's configuration, and whether the run fits
+    in memory. Returns the task."""
     from ..tasks import build_task
 
+    for group in (model, data, run, training):         # NaN and infinity compare false with every bound
+        for field in dataclasses.fields(group):
+            value = getattr(group, field.name, None)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(field.name, f"must be a finite number, got {value}")
     fields = model.config_fields()                        # checks the architecture's name first
     task = build_task(data.task, **data.task_overrides())
-    MODEL_CLASSES[model.architecture][0](vocab_size=task.vocab_size, **fields)
+    config = MODEL_CLASSES[model.architecture][0](vocab_size=task.vocab_size, **fields)
     check_int("seed", training.seed, minimum=0, maximum=SEED_LIMIT)
+    if training.data_seed is not None:                  # torch.Generator takes 64-bit seeds
+        check_int("data_seed", training.data_seed, minimum=0, maximum=SEED_LIMIT)
     check_int("dataset_seed", data.dataset_seed, minimum=0)
     check_int("per_device_train_batch_size", training.per_device_train_batch_size, minimum=1)
     check_int("per_device_eval_batch_size", training.per_device_eval_batch_size, minimum=1)
@@ -154,8 +184,38 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
         value = getattr(data, name)
         if value is not None and value < 1:
             raise ConfigError(name, f"must be >= 1, got {value}")
-    if not training.output_dir:
+    if not training.output_dir or not getattr(training, "output_dir_given", True):
         raise ConfigError("output_dir", "a run directory is required (--output_dir RUN_DIR)")
     if run.resume and run.overwrite:
         raise ConfigError("resume", "--resume and --overwrite exclude each other")
+    check_run_memory(config, task, data, run, training)
     return task
+
+
+def check_run_memory(config, task, data: DataArguments, run: RunArguments, training) -> None:
+    """Refuse, with the estimate, a run that cannot fit in memory (the model with its gradients
+    and AdamW state, activations, the documents; model and activations against the GPU's memory
+    where there is one)."""
+    from ..models import count_parameters
+    from ..resources import check_memory
+
+    try:
+        params = count_parameters(config)
+    except OverflowError as exc:
+        raise MechEvalError(f"the model cannot be built: {exc}") from None
+    train_size, eval_size, _ = resolved_sizes(data, run, training)
+    width = config.hidden_size * config.num_hidden_layers * ACTIVATION_BYTES
+    longest = task.longest_estimate()
+    train_batch = min(training.per_device_train_batch_size, train_size)
+    eval_batch = min(training.per_device_eval_batch_size, eval_size)
+    device = {"model and optimizer state": 16 * params,
+              "activations": max(train_batch, eval_batch / 4) * longest * width
+              + 4 * training.per_device_eval_batch_size}    # the Trainer's evaluation repeats the loss per row
+    documents = {"documents": task.memory_estimate(train_size + 2 * eval_size, padded=True)
+                 + (task.memory_estimate(run.restoration_examples) if run.restoration_every_n_steps > 0 else 0)}
+    what = f"this run ({params:,} parameters, {train_size:,} training documents)"
+    if torch.cuda.is_available():
+        check_memory(what, device, limit=torch.cuda.get_device_properties(0).total_memory)
+        check_memory(what, documents)
+    else:
+        check_memory(what, {**device, **documents})

@@ -68,8 +68,11 @@ class WallClock(TrainerCallback):
     def __init__(self, resumed_from: str | None = None):
         self.before, self.segments = 0.0, 1
         if resumed_from is not None and (Path(resumed_from) / self.FILE).exists():
-            saved = json.loads((Path(resumed_from) / self.FILE).read_text())
-            self.before, self.segments = float(saved["seconds"]), int(saved["segments"]) + 1
+            try:
+                saved = json.loads((Path(resumed_from) / self.FILE).read_text())
+                self.before, self.segments = float(saved["seconds"]), int(saved["segments"]) + 1
+            except (OSError, ValueError, KeyError, TypeError):   # damaged: the time before is unknown
+                self.segments = 2
         self.started = time.perf_counter()
 
     @property

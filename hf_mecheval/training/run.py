@@ -4,10 +4,13 @@
     accelerate launch training/train.py ...          # several processes / GPUs
     mecheval train CONFIG.yaml [--learning_rate 3e-4 ...]
 
-Run directory (written by the main process only; never overwritten unless --overwrite):
+Run directory (written by the main process only, which holds a lock on it while it runs; an
+existing run is replaced only with --overwrite, and only a folder that is recognisably a run:
+see ``run_dir.py``):
     command.txt          the exact command
     run.json             every resolved argument, task and model configuration
-    checkpoint-*/        Trainer checkpoints (--resume continues from the last one)
+    checkpoint-*/        Trainer checkpoints (--resume continues from the newest complete one,
+                         if the run.json there has the fingerprint of the arguments given)
     config.json, model.safetensors   the final model (AutoModelForCausalLM.from_pretrained(RUN_DIR))
     trainer_state.json   the Trainer's state and log history
     metrics.json         validation history, final validation and test metrics; written last,
@@ -16,6 +19,9 @@ Run directory (written by the main process only; never overwritten unless --over
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import functools
 import json
 import os
 import pickle
@@ -27,17 +33,20 @@ from typing import Sequence
 
 import yaml
 from transformers import HfArgumentParser, Trainer, set_seed
-from transformers.trainer_utils import SchedulerType, get_last_checkpoint
+from transformers.trainer_utils import SchedulerType
 
+from ..children import follow_parent
 from ..errors import MechEvalError
-from ..io_utils import write_text_atomic
-from ..models import build_model
+from ..io_utils import loads_finite, locked_folder, refuse_non_finite, write_text_atomic
+from ..models import MODEL_CLASSES, build_model
 from ..tasks.presets import PRESETS, get_preset
-from .arguments import (QUICK_RECIPE, DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments,
+from .arguments import (DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, resolved_sizes,
                         validate)
 from .callbacks import WallClock
 from .data import EpochShuffleSampler, PaddedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
+from .run_dir import (check_replaceable, check_same_run, checkpoint_problem, checkpoints, clear_run_dir, holds_files,
+                      resume_checkpoint)
 
 METRICS_FILE = "metrics.json"
 ARGUMENT_TYPES = (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
@@ -47,52 +56,44 @@ def is_finished(run_dir: str | os.PathLike) -> bool:
     return (Path(run_dir) / METRICS_FILE).exists()
 
 
-def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool) -> str | None:
+def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool, requested: dict) -> str | None:
     """Check the run directory against --resume / --overwrite; returns the checkpoint to resume from.
-    Only the main process checks the directory (it runs first; the others then only look up the
-    checkpoint), so processes never race on it. Nothing is deleted here: a run replaced with
+    Only the main process checks the directory (it runs first, holding the directory's lock; the
+    others then only look up the checkpoint), so processes never race on it. Nothing is deleted
+    here but checkpoints cut short (see ``run_dir.resume_checkpoint``): a run replaced with
     --overwrite is removed by ``_start_run_dir`` once the new run's data and model are built."""
     if not main_process:
-        return get_last_checkpoint(str(run_dir)) if run.resume else None
-    exists = run_dir.exists() and any(run_dir.iterdir())
+        return str(resume_checkpoint(run_dir, remove_unusable=False)) if run.resume else None
+    exists = holds_files(run_dir)
     if run.resume:
         if not exists:
             raise MechEvalError(f"--resume: {run_dir} holds no run to continue")
         if is_finished(run_dir):
             raise MechEvalError(f"--resume: the run in {run_dir} has already finished")
-        checkpoint = get_last_checkpoint(str(run_dir))
-        if checkpoint is None:
-            raise MechEvalError(f"--resume: {run_dir} has no checkpoint-* folder to continue from")
-        _check_checkpoint(Path(checkpoint))
-        return checkpoint
+        check_same_run(run_dir, requested, "resume")
+        return str(resume_checkpoint(run_dir))
     if exists and not run.overwrite:
-        raise MechEvalError(f"{run_dir} already holds a run; pass --resume to continue it or --overwrite to replace it")
+        what = "a run" if (run_dir / "run.json").exists() or (run_dir / "command.txt").exists() else "files"
+        raise MechEvalError(f"{run_dir} already holds {what}; pass --resume to continue a run or --overwrite to "
+                            "replace it")
+    if exists:
+        check_replaceable(run_dir)
     return None
 
 
 def _start_run_dir(run_dir: Path, command: str, record: dict) -> None:
     """A fresh run directory (replacing an old run, which ``_prepare_run_dir`` allowed) with the
     command and the resolved arguments."""
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        shutil.rmtree(run_dir)
-    elif run_dir.exists() and not run_dir.is_dir():
-        run_dir.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    clear_run_dir(run_dir)
     write_text_atomic(run_dir / "command.txt", command + "\n")
     write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
 
 
 def _check_checkpoint(path: Path) -> None:
     """Read a checkpoint's model and state before resuming, so a damaged one fails clearly."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-            list(f.keys())
-        json.loads((path / "trainer_state.json").read_text())
-    except Exception as exc:  # whatever the damage, the message names the checkpoint
-        raise MechEvalError(f"cannot resume from {path}: {type(exc).__name__}: "
-                            f"{(str(exc).splitlines() or [''])[0]}") from None
+    problem = checkpoint_problem(path)
+    if problem:
+        raise MechEvalError(f"cannot resume from {path}: {problem}")
 
 
 class MechEvalTrainer(Trainer):
@@ -102,21 +103,52 @@ class MechEvalTrainer(Trainer):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return EpochShuffleSampler(len(dataset), data_seed(self.args))
 
+    def _save_checkpoint(self, model, trial):
+        with saving(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"):
+            super()._save_checkpoint(model, trial)
+
+
+@contextlib.contextmanager
+def saving(path: Path):
+    """Writing ``path`` (a checkpoint, the final model): a failure — typically a full disk, which
+    torch.save reports only as a position mismatch — is one clear error, not a traceback. What
+    was cut short is never resumed from (``run_dir.resume_checkpoint``)."""
+    try:
+        yield
+    except (OSError, RuntimeError, ValueError) as exc:
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            free = None
+        text = str(exc)
+        if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in text \
+                or "No space left" in text:
+            reason = "no space left on the device"
+        elif free is not None and free < 16 * 2**20:
+            reason = f"no space left on the device ({free / 2**20:.1f} MiB free)"
+        else:
+            reason = f"{type(exc).__name__}: {(text.splitlines() or [''])[0]}"
+        raise MechEvalError(f"cannot write {path}: {reason}; free some space, then continue the run with "
+                            "--resume") from None
+
 
 def data_seed(training_args) -> int:
     return training_args.data_seed if training_args.data_seed is not None else training_args.seed
+
+
+def resolve_sizes(data_args: DataArguments, run_args: RunArguments, training_args) -> tuple[int, int]:
+    """The run's training and evaluation sizes (``arguments.resolved_sizes``); the number of
+    epochs is set on ``training_args`` when not given."""
+    train_size, eval_size, training_args.num_train_epochs = resolved_sizes(data_args, run_args, training_args)
+    return train_size, eval_size
 
 
 def load_task_splits(task, data_args: DataArguments, run_args: RunArguments, training_args, main_process: bool):
     """The task's train / validation / test datasets (and the recipe's sizes and epochs); ``task``
     as ``validate`` built it."""
     preset = get_preset(data_args.task)
-    quick = run_args.recipe == "quick"
-    train_size = data_args.train_size or (QUICK_RECIPE["train_size"] if quick else preset.train_size)
-    eval_size = data_args.eval_size or (QUICK_RECIPE["eval_size"] if quick else preset.eval_size)
-    if training_args.num_train_epochs is None:
-        training_args.num_train_epochs = QUICK_RECIPE["num_train_epochs"] if quick else (16.0 if preset.task == "ar" else 32.0)
-    if quick and main_process:
+    train_size, eval_size = resolve_sizes(data_args, run_args, training_args)
+    if run_args.recipe == "quick" and main_process:
         print(f"recipe quick: {train_size} training documents, {eval_size} validation/test documents, "
               f"{training_args.num_train_epochs:g} epochs (the reference: {preset.train_size}, {preset.eval_size}, "
               f"{16 if preset.task == 'ar' else 32})", file=sys.stderr)
@@ -134,13 +166,23 @@ def build_run_model(model_args: ModelArguments, task, seed: int, longest: int):
     return model
 
 
-def run_record(model, model_args, data_args, run_args, training_args, task, train_size, eval_size) -> dict:
-    """What run.json holds: every resolved argument, the task and the model configuration."""
-    return {"model": {"architecture": model_args.architecture, **model.config.to_diff_dict()},
+def run_record(config, model_args, data_args, run_args, training_args, task, train_size, eval_size) -> dict:
+    """What run.json holds: every resolved argument, the task and the model configuration
+    (``config``: the model's, or the one it would be built from: they are equal)."""
+    return {"model": {"architecture": model_args.architecture, **config.to_diff_dict()},
             "task": {"preset": data_args.task, "config": task.config.to_dict(), "train_size": train_size,
                      "eval_size": eval_size, "dataset_seed": data_args.dataset_seed},
             "recipe": run_args.recipe,
             "training": json.loads(training_args.to_json_string())}
+
+
+def requested_record(model_args, data_args, run_args, training_args, task) -> dict:
+    """The run.json that these (validated) arguments would write, without building data or model:
+    what a finished or interrupted run must match to be reused or resumed (``run_dir.fingerprint``)."""
+    train_size, eval_size = resolve_sizes(data_args, run_args, training_args)
+    config = MODEL_CLASSES[model_args.architecture][0](vocab_size=task.vocab_size, **model_args.config_fields())
+    return json.loads(json.dumps(run_record(config, model_args, data_args, run_args, training_args, task,
+                                            train_size, eval_size), default=str))
 
 
 def padded_splits(data: dict, run_args: RunArguments) -> dict:
@@ -167,8 +209,9 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
         head = trainer.evaluate(splits["test_head"], metric_key_prefix="test_head")
         final.update(test_head_size=len(splits["test_head"]), test_head_accuracy=head["test_head_accuracy"])
     if trainer.is_world_process_zero():
-        trainer.save_model(str(run_dir))
-        trainer.save_state()
+        with saving(run_dir / "model.safetensors"):
+            trainer.save_model(str(run_dir))
+            trainer.save_state()
         history = [{k: v for k, v in entry.items()} for entry in trainer.state.log_history]
         metrics = {"final": final, "history": history}
         write_text_atomic(run_dir / METRICS_FILE, json.dumps(metrics, indent=2) + "\n", overwrite=True)
@@ -184,32 +227,35 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
     task = validate(model_args, data_args, run_args, training_args)
     run_dir = Path(training_args.output_dir)
     main_process = training_args.process_index == 0
-    with training_args.main_process_first(desc="run directory"):
-        checkpoint = _prepare_run_dir(run_dir, run_args, main_process)
+    record = requested_record(model_args, data_args, run_args, training_args, task)
+    # the main process holds the run directory's lock until the run is written: a second writer
+    # (another run given the same --output_dir) is refused instead of mixing its files in
+    with locked_folder(run_dir) if main_process else contextlib.nullcontext():
+        with training_args.main_process_first(desc="run directory"):
+            checkpoint = _prepare_run_dir(run_dir, run_args, main_process, record)
 
-    data, train_size, eval_size = load_task_splits(task, data_args, run_args, training_args, main_process)
-    splits = padded_splits(data, run_args)
-    model = build_run_model(model_args, task, training_args.seed, max(int(d.lengths.max()) for d in data.values()))
+        data, train_size, eval_size = load_task_splits(task, data_args, run_args, training_args, main_process)
+        splits = padded_splits(data, run_args)
+        model = build_run_model(model_args, task, training_args.seed, max(int(d.lengths.max()) for d in data.values()))
 
-    with training_args.main_process_first(desc="run directory"):
-        if main_process and checkpoint is None:
-            record = run_record(model, model_args, data_args, run_args, training_args, task, train_size, eval_size)
-            _start_run_dir(run_dir, command or this_command(), record)
+        with training_args.main_process_first(desc="run directory"):
+            if main_process and checkpoint is None:
+                _start_run_dir(run_dir, command or this_command(), record)
 
-    clock = WallClock(checkpoint)
-    callbacks = [clock, *callbacks]         # first: a callback that stops the run sees the time saved
-    if run_args.restoration_every_n_steps > 0:
-        from .callbacks import RestorationCallback
+        clock = WallClock(checkpoint)
+        callbacks = [clock, *callbacks]         # first: a callback that stops the run sees the time saved
+        if run_args.restoration_every_n_steps > 0:
+            from .callbacks import RestorationCallback
 
-        probe = task.generate(run_args.restoration_examples, "validation", data_args.dataset_seed)
-        callbacks.append(RestorationCallback(task, probe, run_args.restoration_every_n_steps))
-    trainer = MechEvalTrainer(
-        model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
-        data_collator=batch_collator, compute_metrics=compute_answer_metrics,
-        preprocess_logits_for_metrics=answer_logits_summary, callbacks=callbacks,
-    )
-    run_trainer(trainer, checkpoint)
-    return finish_run(trainer, splits, run_dir, clock.summary())
+            probe = task.generate(run_args.restoration_examples, "validation", data_args.dataset_seed)
+            callbacks.append(RestorationCallback(task, probe, run_args.restoration_every_n_steps))
+        trainer = MechEvalTrainer(
+            model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
+            data_collator=batch_collator, compute_metrics=compute_answer_metrics,
+            preprocess_logits_for_metrics=answer_logits_summary, callbacks=callbacks,
+        )
+        run_trainer(trainer, checkpoint)
+        return finish_run(trainer, splits, run_dir, clock.summary())
 
 
 def run_trainer(trainer: Trainer, checkpoint: str | None) -> None:
@@ -223,23 +269,32 @@ def run_trainer(trainer: Trainer, checkpoint: str | None) -> None:
                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
 
 
-def parse(argv: Sequence[str]):
-    """Arguments from the command line; a leading .yaml/.json file supplies defaults that later
-    flags override. Unknown keys in the file or on the command line are errors."""
-    parser = HfArgumentParser(
+@functools.lru_cache(maxsize=1)
+def _parser() -> HfArgumentParser:
+    # built once: building it is most of the cost of checking a sweep's runs (~25 ms each)
+    return HfArgumentParser(
         ARGUMENT_TYPES, allow_abbrev=False, exit_on_error=False,
         description="Train one model into a run directory. A stacked run (several runs that differ only in "
                     "learning rate and seed, trained together) is started instead with: --stack STACK.json "
                     "[--resume | --overwrite]; see hf_mecheval/training/stacked.py.")
+
+
+def parse(argv: Sequence[str]):
+    """Arguments from the command line; a leading .yaml/.json file supplies defaults that later
+    flags override. Unknown keys in the file or on the command line are errors, and so are NaN
+    and infinite numbers in the file."""
+    parser = _parser()
     argv = list(argv)
     if argv and argv[0].endswith((".yaml", ".yml", ".json")):
         path = Path(argv.pop(0))
         try:
-            values = yaml.safe_load(path.read_text()) if path.suffix != ".json" else json.loads(path.read_text())
-        except (OSError, yaml.YAMLError, json.JSONDecodeError) as exc:
-            raise MechEvalError(f"cannot read the run config {path}: {exc}") from None
+            text = path.read_text()
+            values = yaml.safe_load(text) if path.suffix != ".json" else loads_finite(text, str(path))
+        except (OSError, yaml.YAMLError, ValueError) as exc:     # ValueError: not UTF-8 text, not JSON
+            raise MechEvalError(f"cannot read the run config {path}: {(str(exc).splitlines() or [''])[0]}") from None
         if not isinstance(values, dict):
             raise MechEvalError(f"the run config {path} must be a mapping of argument names to values")
+        refuse_non_finite(values, str(path))
         argv = as_flags(values) + argv
     try:
         model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
@@ -298,6 +353,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Train one run (or a stack with ``--stack``). ``prog``: the command that invoked it, as
     written into ``command.txt`` (``mecheval train`` from the CLI; default: this process's own)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    follow_parent()              # started by a sweep: stop with it
     command = this_command(argv, prog)
     try:
         if argv[:1] == ["--stack"]:

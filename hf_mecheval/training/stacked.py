@@ -13,15 +13,19 @@ is initialised exactly as its run would be alone (``set_seed(seed)`` then the mo
 batches its run would see alone (``data.StackedBatchSampler``), and is updated by AdamW with its
 own learning rate under the shared schedule shape, with its own gradient clipping
 (``StackedAdamW``). A stacked run is one Trainer in one process (so ``accelerate launch`` works
-as for any run); checkpoints hold all copies and live in the stack directory. At the end every
-copy is unstacked into its own run directory — model, trainer state, per-copy history, metrics,
-model card — by the same code that finishes a run trained alone.
+as for any run); checkpoints hold all copies and live in the stack directory, beside
+``records.json`` (each copy's run.json record: ``--resume`` continues only the stack it was
+started as). The stack directory and every copy's run directory are locked while it trains, and
+replaced only if they are runs (``run_dir.py``). At the end every copy is unstacked into its own
+run directory — model, trainer state, per-copy history, metrics, model card — by the same code
+that finishes a run trained alone.
 
 A copy whose loss turns NaN or infinite is recorded (``diverged_at_step`` in its metrics) and
 left to itself: no operation mixes copies, so its siblings are unaffected.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -32,17 +36,16 @@ from typing import Sequence
 import torch
 from torch.optim.adamw import adamw as adamw_step
 from torch.utils.data import DataLoader
-from transformers.trainer_utils import get_last_checkpoint
-
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import write_text_atomic
+from ..io_utils import loads_finite, locked_folder, read_json, write_text_atomic
 from ..models.stacked import StackedCausalLM
 from .arguments import validate
 from .callbacks import WallClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
-from .run import (MechEvalTrainer, _check_checkpoint, as_flags, build_run_model, data_seed, finish_run,
-                  is_finished, load_task_splits, padded_splits, run_record, run_trainer, this_command)
+from .run import (MechEvalTrainer, as_flags, build_run_model, data_seed, finish_run, is_finished, load_task_splits,
+                  padded_splits, requested_record, run_trainer, this_command)
+from .run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
 
 PER_COPY_FIELDS = {"learning_rate", "seed", "data_seed", "output_dir", "resume", "overwrite"}
 
@@ -264,28 +267,52 @@ def check_compatible(members: list[Member]) -> None:
         dirs[m.name] = out
 
 
-def _prepare_stack_dir(stack_dir: Path, members: list[Member], resume: bool, overwrite: bool) -> str | None:
+RECORDS = "records.json"     # in the stack directory: each member's run.json record, for --resume
+
+
+def _prepare_stack_dir(stack_dir: Path, members: list[Member], records: dict, resume: bool,
+                       overwrite: bool) -> str | None:
+    """Check the stack directory and the members' run directories against --resume / --overwrite
+    (every folder that will be replaced must be a run: ``run_dir.check_replaceable``); returns the
+    checkpoint to resume from. Nothing is deleted here (but checkpoints cut short)."""
     for m in members:
         out = Path(m.training.output_dir)
         if is_finished(out) and not overwrite:
             raise MechEvalError(f"{out} already holds a finished run ({m.name}); leave it out of the stack "
                                 "or pass --overwrite to replace it")
-        if out.exists() and any(out.iterdir()) and not (overwrite or resume):
+        if holds_files(out) and not (overwrite or resume):
             raise MechEvalError(f"{out} already holds files; pass --overwrite to replace them")
-    exists = stack_dir.exists() and any(stack_dir.iterdir())
+        check_replaceable(out)           # each copy's directory is replaced when the stack is unstacked
+    exists = holds_files(stack_dir)
     if resume:
-        checkpoint = get_last_checkpoint(str(stack_dir)) if stack_dir.exists() else None
-        if checkpoint is None:
-            raise MechEvalError(f"--resume: {stack_dir} has no checkpoint-* folder to continue from")
-        _check_checkpoint(Path(checkpoint))
+        if not exists:
+            raise MechEvalError(f"--resume: {stack_dir} holds no stacked run to continue")
+        _check_records(stack_dir, records)
+        checkpoint = resume_checkpoint(stack_dir)
         print(f"stacked run: resuming from {checkpoint}", file=sys.stderr)
-        return checkpoint
+        return str(checkpoint)
     if exists and not overwrite:
         raise MechEvalError(f"{stack_dir} already holds a stacked run; pass --resume to continue it or "
                             "--overwrite to replace it")
-    if exists:
-        shutil.rmtree(stack_dir)
+    check_replaceable(stack_dir)
     return None
+
+
+def _check_records(stack_dir: Path, records: dict) -> None:
+    """A resumed stack must be the stack asked for: each member's fingerprint as recorded when the
+    stack started (a stack directory without records.json, from before they were kept, is not checked)."""
+    path = stack_dir / RECORDS
+    if not path.exists():
+        return
+    recorded = read_json(path, dict)
+    for name, record in records.items():
+        if name not in recorded:
+            raise MechEvalError(f"cannot resume {stack_dir}: run {name} is not part of that stack "
+                                f"({', '.join(recorded)})")
+        diff = differences(recorded[name], record)
+        if diff:
+            raise MechEvalError(f"cannot resume {stack_dir}: run {name} was started with other arguments — "
+                                f"{'; '.join(diff[:3])}; use another stack directory, or remove that one")
 
 
 def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = False, overwrite: bool = False,
@@ -299,9 +326,17 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
         raise ConfigError("stack", "a stacked run is one process; spread stacks over several GPUs or machines with "
                                    "the sweep launchers (mecheval sweep --launcher local --workers N, or --launcher ray)")
     stack_dir = Path(stack_dir)
-    model_args, data_args, run_args, first_training = members[0].args
-    checkpoint = _prepare_stack_dir(stack_dir, members, resume, overwrite)
+    records = {m.name: requested_record(*m.args, task) for m in members}
+    # the stack directory and every copy's run directory stay locked until the stack is written
+    with contextlib.ExitStack() as locks:
+        for folder in [stack_dir, *(Path(m.training.output_dir) for m in members)]:
+            locks.enter_context(locked_folder(folder))
+        checkpoint = _prepare_stack_dir(stack_dir, members, records, resume, overwrite)
+        return _train_stack(members, stack_dir, task, records, checkpoint, command, callbacks)
 
+
+def _train_stack(members, stack_dir, task, records, checkpoint, command, callbacks) -> list[dict]:
+    model_args, data_args, run_args, first_training = members[0].args
     data, train_size, eval_size = load_task_splits(task, data_args, run_args, first_training, main_process=True)
     for m in members[1:]:
         m.training.num_train_epochs = first_training.num_train_epochs
@@ -311,9 +346,10 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     K = len(members)
     splits = padded_splits(data, run_args)
 
-    stack_dir.mkdir(parents=True, exist_ok=True)
     if checkpoint is None:
+        clear_run_dir(stack_dir)
         write_text_atomic(stack_dir / "command.txt", (command or this_command()) + "\n", overwrite=True)
+        write_text_atomic(stack_dir / RECORDS, json.dumps(records, indent=2) + "\n", overwrite=True)
     args = dataclasses.replace(first_training, output_dir=str(stack_dir), learning_rate=1.0, max_grad_norm=0.0)
     trainer = StackedTrainer(
         model=stacked, args=args, train_dataset=StackedTaskDataset(data["train"], K),
@@ -329,13 +365,10 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     for k, (member, model) in enumerate(zip(members, stacked.unstack())):
         m_args, d_args, r_args, t_args = member.args
         run_dir = Path(t_args.output_dir)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
+        clear_run_dir(run_dir)
         write_text_atomic(run_dir / "command.txt", f"{command or this_command()}\n"
                                                    f"# copy {k} of {K} in the stacked run {stack_dir}\n")
-        record = run_record(model, m_args, d_args, r_args, t_args, task, train_size, eval_size)
-        record["stack"] = {"dir": str(stack_dir), "copy": k, "size": K}
+        record = {**records[member.name], "stack": {"dir": str(stack_dir), "copy": k, "size": K}}
         write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
         lone = MechEvalTrainer(model=model, args=t_args, eval_dataset=splits["validation"],
                                data_collator=batch_collator, compute_metrics=compute_answer_metrics,
@@ -357,9 +390,9 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
 def load_stack_file(path: str | Path, parse) -> tuple[Path, list[Member]]:
     """Read STACK.json (see the module docstring) into members, each parsed like a lone run."""
     try:
-        spec = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise MechEvalError(f"cannot read the stack file {path}: {exc}") from None
+        spec = loads_finite(Path(path).read_text(), str(path))
+    except (OSError, ValueError) as exc:          # ValueError: not UTF-8 text, not JSON
+        raise MechEvalError(f"cannot read the stack file {path}: {(str(exc).splitlines() or [''])[0]}") from None
     if not isinstance(spec, dict) or set(spec) != {"output_dir", "runs"} or not isinstance(spec["runs"], list):
         raise ConfigError("stack", f"{path} must be an object with exactly the keys output_dir and runs (a list)")
     members = []

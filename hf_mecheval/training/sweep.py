@@ -21,8 +21,13 @@ gets its own run directory. ``auto`` stacks on a GPU as many as fit in half its 
 most 32) and does not stack on a CPU, where a step of these models is already compute-bound
 (``benchmarks/bench_stacked.py``: 5 stacked runs cost about as much as 5 runs one after another).
 
-Finished runs (``metrics.json`` present) are skipped; a run left with a checkpoint by a killed
-worker is resumed; a failed run is reported and the others go on. The results table picks, for
+Finished runs (``metrics.json`` present) are skipped and a run left with a checkpoint by a killed
+worker is resumed — each only if its ``run.json`` has the fingerprint of the run the sweep file
+asks for now (``run_dir.fingerprint``): a sweep whose file was edited under the same name is
+refused before anything starts, naming the run and the fields that differ. A failed run is
+reported and the others go on. Each training process runs in its own process group and stops
+when the sweep dies, even by ``kill -9`` (``children.py``); a run directory another process is
+writing is left alone (its lock is held) and reported as failed. The results table picks, for
 every configuration (all grid fields but learning rate and seed), the learning rate with the
 best mean *validation* accuracy over seeds, and reports *test* accuracy there, mean ± sd.
 """
@@ -37,22 +42,28 @@ import json
 import math
 import os
 import re
-import subprocess
+import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 
+from ..children import run_child, stop_children
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import write_text_atomic
-from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments
-from .run import METRICS_FILE, as_flags, is_finished, resolve_run_args
+from ..io_utils import NUMBER, locked_folder, read_json, refuse_non_finite, write_text_atomic
+from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
+from .run import METRICS_FILE, as_flags, is_finished, parse, requested_record, resolve_run_args
+from .run_dir import check_same_run, checkpoint_problem, checkpoints
 
 RUN_FIELDS = {f.name for cls in (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
               for f in dataclasses.fields(cls)} - {"output_dir", "resume", "overwrite"}
 SELECTION_FIELDS = ("learning_rate", "seed")
 SWEEP_KEYS = ("name", "task", "defaults", "grids", "seeds")
+MAX_RUNS = 10_000          # more is a typo (or a job for several sweep files): checking them alone takes minutes
+# what a finished run's metrics.json must hold for the results table
+FINISHED_METRICS = {"final": {"validation_accuracy": NUMBER, "test_accuracy": NUMBER}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,14 +88,15 @@ class Sweep:
     def load(path: str | Path) -> "Sweep":
         try:
             spec = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise MechEvalError(f"cannot read sweep file {path}: {exc}") from None
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise MechEvalError(f"cannot read sweep file {path}: {str(exc).splitlines()[0]}") from None
         return Sweep.from_dict(spec, source=str(path))
 
     @staticmethod
     def from_dict(spec: Any, source: str = "sweep") -> "Sweep":
         if not isinstance(spec, dict):
             raise ConfigError("sweep", f"{source} must be a mapping with keys {', '.join(SWEEP_KEYS)}")
+        refuse_non_finite(spec, source)
         unknown = sorted(set(spec) - set(SWEEP_KEYS))
         if unknown:
             raise ConfigError(unknown[0], f"unknown sweep key in {source}; allowed: {', '.join(SWEEP_KEYS)}")
@@ -106,12 +118,17 @@ class Sweep:
             if key not in RUN_FIELDS:
                 raise ConfigError(key, "not a training argument; see `mecheval train --help`")
         expanded, grid_fields = [], []
+        grids = [{k: (v if isinstance(v, list) else [v]) for k, v in grid.items()} for grid in grids]
         for grid in grids:
-            grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
             grid.setdefault("seed", seeds if isinstance(seeds, list) else [seeds])
             for key, values in grid.items():
                 if not values:
                     raise ConfigError("seeds" if key == "seed" else key, f"an empty list in {source} gives no runs")
+        count = sum(math.prod(len(values) for values in grid.values()) for grid in grids)
+        if count > MAX_RUNS:     # counted before anything is expanded: even --dry-run answers at once
+            raise ConfigError("grids", f"{source} expands to {count:,} runs, more than the {MAX_RUNS:,} a sweep "
+                                       "file may hold; split it into several sweep files")
+        for grid in grids:
             grid_fields += [k for k in grid if k not in grid_fields]
             expanded += [{**defaults, **dict(zip(grid, values))} for values in itertools.product(*grid.values())]
         # every run checked as `mecheval train` would check it, before any starts
@@ -224,10 +241,14 @@ def stack_size_that_fits(args: dict, cap: int = 32) -> int:
 
 
 # ---------------------------------------------------------------------------------- launching
+def _resumable(folder: Path) -> bool:
+    return any(checkpoint_problem(c) is None for c in checkpoints(folder))
+
+
 def _restart_flags(checkpoint_dir: Path, *touched: Path) -> list[str]:
-    """--resume where a killed worker left a checkpoint; --overwrite where it started (any of the
-    directories exists) but never checkpointed: there is nothing to keep."""
-    if checkpoint_dir.exists() and any(checkpoint_dir.glob("checkpoint-*")):
+    """--resume where a killed worker left a complete checkpoint; --overwrite where it started
+    (any of the directories exists) but never completed one: there is nothing to keep."""
+    if _resumable(checkpoint_dir):
         return ["--resume"]
     return ["--overwrite"] if any(d.exists() for d in (checkpoint_dir, *touched)) else []
 
@@ -251,32 +272,61 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
     """Run one training process (a run, or a stack of runs) with ``threads`` CPU threads (and only
     GPU ``device`` visible, when given), then, unless ``evaluate`` is None, the intervention grid
     (``mecheval evaluate RUN *evaluate``) on each of its finished runs that has none yet, in the
-    same slot; returns {"name", "runs", "returncode", "log"}. Used by both launchers."""
+    same slot; returns {"name", "runs", "returncode", "log"}. Used by both launchers. Each
+    process runs in its own process group and stops when this one dies (``children.run_child``);
+    its output is appended to the log, after a line with the time and the command."""
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
     if isinstance(job, Stack):
-        cmd = _stack_command(job, runs_dir, runs_dir.parent / "stacks" / job.name)
+        stack_dir = runs_dir.parent / "stacks" / job.name
+        folders = [stack_dir, *(runs_dir / r.name for r in job.runs)]
         log = runs_dir.parent / "stacks" / f"{job.name}.log"
     else:
-        cmd, log = _command(job, runs_dir / job.name), runs_dir / f"{job.name}.log"
+        folders, log = [runs_dir / job.name], runs_dir / f"{job.name}.log"
+    busy = _in_use(folders)
+    if busy:    # another process (a sweep killed before it could stop its children?) writes there
+        return {"name": job.name, "runs": job.run_names(), "returncode": 2,
+                "log": f"{busy} is in use by another process; its log was left alone"}
     trained = all(is_finished(runs_dir / name) for name in job.run_names())   # only its grid is missing
-    with open(log, "a" if trained else "w") as handle:
-        returncode = 0 if trained else subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as handle:
+        returncode = 0
+        if not trained:
+            cmd = _stack_command(job, runs_dir, folders[0]) if isinstance(job, Stack) else _command(job, folders[0])
+            returncode = _logged_child(cmd, handle, env)
         for name in job.run_names() if evaluate is not None else []:
             run_dir = runs_dir / name
             if is_finished(run_dir) and not has_interventions(run_dir):
-                handle.flush()
-                returncode = returncode or subprocess.run(
-                    [sys.executable, "-m", "hf_mecheval.cli", "evaluate", str(run_dir), *evaluate],
-                    stdout=handle, stderr=subprocess.STDOUT, env={**env, "TQDM_DISABLE": "1"}).returncode
+                grid = [sys.executable, "-m", "hf_mecheval.cli", "evaluate", str(run_dir), *evaluate]
+                returncode = returncode or _logged_child(grid, handle, {**env, "TQDM_DISABLE": "1"})
     return {"name": job.name, "runs": job.run_names(), "returncode": returncode, "log": str(log)}
+
+
+def _logged_child(cmd: list[str], handle, env: dict) -> int:
+    """Run ``cmd`` (see ``children.run_child``) with its output appended to the open log
+    ``handle``, after a line with the time and the command."""
+    handle.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
+    handle.flush()
+    return run_child(cmd, handle, env)
 
 
 def has_interventions(run_dir: Path) -> bool:
     return (run_dir / "interventions" / "interventions.json").exists()
+
+
+def _in_use(folders: list[Path]) -> Path | None:
+    """The first of ``folders`` whose lock another process holds, or None."""
+    for folder in folders:
+        if folder.is_dir():
+            try:
+                with locked_folder(folder):
+                    pass
+            except MechEvalError:
+                return folder
+    return None
 
 
 PROCESS_MEMORY_GIB = 3     # a generous bound on one training process of the reference presets (CPU)
@@ -315,6 +365,7 @@ def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int 
     returns {"finished", "skipped", "failed"} run names."""
     root = Path(out) / sweep.name
     check_launcher(launcher, stack)
+    check_existing_runs(sweep.runs, root / "runs")      # an edited sweep is refused before its record changes
     write_text_atomic(root / "sweep.json", json.dumps([dataclasses.asdict(r) for r in sweep.runs], indent=2),
                       overwrite=True)
     return train_runs(sweep.runs, root / "runs", launcher, workers, progress, stack, evaluate)
@@ -335,6 +386,7 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     "skipped", "failed"} run names."""
     check_launcher(launcher, stack)
     workers, threads, devices = plan_workers(workers)
+    check_existing_runs(runs, runs_dir)
     todo = [r for r in runs if not is_finished(runs_dir / r.name)
             or (evaluate is not None and not has_interventions(runs_dir / r.name))]
     skipped = [r.name for r in runs if r not in todo]
@@ -351,26 +403,53 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     return {"finished": finished, "skipped": skipped, "failed": failed}
 
 
+def check_existing_runs(runs: list[Run], runs_dir: Path) -> None:
+    """Before anything starts: every finished run the sweep would skip, and every interrupted run
+    it would resume, must be the run the sweep file (or the quickstart) asks for (its fingerprint), and a finished
+    run's metrics.json must be readable; otherwise one clear error names the run."""
+    for run in runs:
+        run_dir = runs_dir / run.name
+        finished = is_finished(run_dir)
+        if finished:
+            read_json(run_dir / METRICS_FILE, FINISHED_METRICS)
+        if finished or ((run_dir / "run.json").exists() and _resumable(run_dir)):
+            parsed = parse(run.flags() + ["--output_dir", str(run_dir)])
+            requested = requested_record(*parsed, validate(*parsed))
+            check_same_run(run_dir, requested, "reuse" if finished else "resume")
+
+
 def _launch_local(todo, runs_dir, threads, devices, progress, evaluate):
-    """One thread per process slot; a job takes a free slot (and its GPU) and gives it back."""
+    """One thread per process slot; a job takes a free slot (and its GPU) and gives it back. If
+    this process is interrupted, no job starts any more and the running ones are stopped."""
     import queue
+    import threading
     from concurrent.futures import ThreadPoolExecutor
     from tqdm.auto import tqdm
 
     slots: queue.Queue = queue.Queue()
     for device in devices:
         slots.put(device)
+    stopping = threading.Event()
 
     def in_a_slot(job):
         device = slots.get()
         try:
+            if stopping.is_set():
+                return {"name": job.name, "runs": job.run_names(), "returncode": -1, "log": "not started"}
             return execute(job, str(runs_dir), threads, device, evaluate)
         finally:
             slots.put(device)
 
-    with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+    pool = ThreadPoolExecutor(max_workers=len(devices))
+    try:
         futures = [pool.submit(in_a_slot, job) for job in todo]
         return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress or not todo)]
+    except BaseException:            # Ctrl-C, or any error here: the children must not run on
+        stopping.set()
+        stop_children()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _launch_ray(todo, runs_dir, threads, progress, evaluate):
@@ -382,8 +461,14 @@ def _launch_ray(todo, runs_dir, threads, progress, evaluate):
 
     started_here = not ray.is_initialized()
     if started_here:  # a local cluster; set RAY_ADDRESS to join an existing one
-        ray.init(num_cpus=os.cpu_count() if os.environ.get("RAY_ADDRESS") is None else None,
-                 include_dashboard=False, log_to_driver=False)
+        # nothing leaves the machine unless asked: no usage statistics, no dashboard, and a new
+        # local cluster bound to the loopback address rather than one Ray would look for
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                     _node_ip_address="127.0.0.1")
     try:
         remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
         refs = [remote.remote(job, str(runs_dir), threads, None, evaluate) for job in todo]
@@ -407,7 +492,7 @@ def collect(sweep: Sweep, out: str | Path) -> list[dict]:
     for run in sweep.runs:
         path = Path(out) / sweep.name / "runs" / run.name / METRICS_FILE
         if path.exists():
-            final = json.loads(path.read_text())["final"]
+            final = read_json(path, FINISHED_METRICS)["final"]
             rows.append({"run": run.name, **{k: run.args.get(k) for k in sweep.grid_fields}, **final})
     return rows
 

@@ -137,6 +137,16 @@ def test_zero_documents_or_batch_size(run_dir, capsys, no_grid, flags, keyword, 
         evaluate_run(run_dir, **{keyword: 0}, progress=False)
 
 
+@pytest.mark.parametrize("flags, message", [(["-n", str(10**12)], "resamples of 1,000,000,000,000 documents"),
+                                            (["-n", "64", "--resamples", str(10**12)], "1,000,000,000,000 resamples"),
+                                            (["-n", str(10**8), "--resamples", "0"], "100,000,000 documents of ar")])
+def test_sizes_beyond_memory_are_refused_with_the_estimate(run_dir, capsys, no_grid, flags, message):
+    assert mecheval(["evaluate", str(run_dir), *flags]) == 2
+    line = one_error(capsys)
+    assert message in line and "would need about" in line
+    assert not (run_dir / "interventions").exists()
+
+
 def test_run_grid_refuses_empty_data_and_zero_batches(run_dir):
     from hf_mecheval.interventions import run_grid
     from hf_mecheval.reports.evaluate_run import load_run

@@ -34,6 +34,12 @@ def without_model(text: str) -> str:
 
 @pytest.mark.parametrize("name, content, message", [
     ("run.json", without_model, '"model" is missing'),
+    ("run.json", lambda text: text.replace('"hidden_size": 16', '"hidden_size": "16"'),
+     '"model.hidden_size" should be an integer, not a string'),
+    ("run.json", lambda text: text.replace('"learning_rate": 0.001', '"learning_rate": "fast"'),
+     '"training.learning_rate" should be a number, not a string'),
+    ("run.json", lambda text: text.replace('"architecture": "transformer"', '"architecture": 3'),
+     '"model.architecture" should be a string, not an integer'),
     ("metrics.json", '{"final": {}}', '"final.validation_accuracy" is missing'),
     ("metrics.json", "[1]", "the top level should be an object, not an array"),
     ("metrics.json", '{"final": {"validation_accuracy": "high", "test_accuracy": 1}}',

@@ -46,22 +46,29 @@ def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
     hub = tmp_path / "hub"
 
     class LocalHub:
-        def create_repo(self, repo_id, private=False, exist_ok=False):
+        def create_repo(self, repo_id, repo_type="model", private=False, exist_ok=False):
             (hub / repo_id).mkdir(parents=True, exist_ok=exist_ok)
 
-        def upload_folder(self, folder_path, repo_id, allow_patterns):
+        def upload_folder(self, folder_path, repo_id, repo_type, allow_patterns, ignore_patterns):
             import fnmatch
             for path in Path(folder_path).rglob("*"):
                 rel = str(path.relative_to(folder_path))
-                if path.is_file() and any(fnmatch.fnmatch(rel, p) for p in allow_patterns):
+                if path.is_file() and any(fnmatch.fnmatch(rel, p) for p in allow_patterns) \
+                        and not any(fnmatch.fnmatch(rel, p) for p in ignore_patterns):
                     (hub / repo_id / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy(path, hub / repo_id / rel)
 
     monkeypatch.setattr("huggingface_hub.HfApi", LocalHub)
     from hf_mecheval.cli import main as mecheval
 
-    assert mecheval(["push", str(run_dir), "mecheval/h3-atr-easy"]) == 0
+    # temporaries that killed writers left (an atomic write's, a staged folder's) are never uploaded
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    (run / ".metrics.json.a1b2c3d4.tmp").write_text("{")
+    (run / "interventions").mkdir(exist_ok=True)
+    (run / "interventions" / ".interventions.json.0f0f0f0f.tmp").write_text("[")
+    assert mecheval(["push", str(run), "mecheval/h3-atr-easy"]) == 0
     pushed = hub / "mecheval" / "h3-atr-easy"
+    assert not [p for p in pushed.rglob("*.tmp")]
     assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in pushed.iterdir()}
     assert "mecheval/h3-atr-easy" in (pushed / "README.md").read_text()
     from transformers import AutoModelForCausalLM

@@ -7,7 +7,7 @@ from hf_mecheval.cli import main as mecheval
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys):
+def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys, monkeypatch):
     out = tmp_path / "qs"
     assert mecheval(["quickstart", "--tiny", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -44,6 +44,16 @@ def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys):
     assert (out / "runs" / "h3" / "interventions" / "interventions.json").exists()
     assert all(p.stat().st_mtime_ns == t for p, t in made.items() if "h3" not in str(p))
     assert (out / "runs" / "h3" / "model.safetensors").stat().st_mtime_ns == made[out / "runs" / "h3" / "model.safetensors"]
+    # ... but not for another setting: the full quickstart (here a cheap stand-in) never reports
+    # the tiny models under its heading
+    import hf_mecheval.reports.quickstart as qs
+
+    monkeypatch.setattr(qs, "SETTING", {**qs.TINY, "train_size": 128})
+    before = (out / "summary.json").read_text()
+    assert mecheval(["quickstart", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reuse" in err and "task.train_size: 256 there, 128 asked" in err
+    assert (out / "summary.json").read_text() == before
 
 
 def test_report_command_and_errors(tmp_path, capsys):

@@ -168,3 +168,103 @@ def test_workers_flag_takes_auto_or_a_positive_number(capsys):
             mecheval(["sweep", "nowhere.yaml", "--workers", bad])
         assert exit_.value.code == 2
         assert "expected 'auto' or a positive integer" in capsys.readouterr().err
+
+
+def test_a_sweep_edited_under_the_same_name_refuses_its_old_runs(tmp_path):
+    sweep = tiny_sweep(architecture=["mamba"], learning_rate=[0.01])
+    assert not launch(sweep, tmp_path, progress=False, workers=1)["failed"]
+    run_dir = tmp_path / "tiny" / "runs" / sweep.runs[0].name
+    finished = (run_dir / "metrics.json").read_text()
+    edited = Sweep.from_dict({"name": "tiny", "task": "ar_32", "defaults": {**BASE, "train_size": 96},
+                              "grids": [{"architecture": ["mamba"], "learning_rate": [0.01]}]})
+    with pytest.raises(MechEvalError, match=r"cannot reuse .*task.train_size: 64 there, 96 asked"):
+        launch(edited, tmp_path, progress=False, workers=1)
+    assert (run_dir / "metrics.json").read_text() == finished
+    # a damaged metrics.json is named before anything starts, not met when the table is written
+    (run_dir / "metrics.json").write_text(finished[:30])
+    with pytest.raises(MechEvalError, match="metrics.json is not valid JSON"):
+        launch(sweep, tmp_path, progress=False, workers=1)
+
+
+def test_a_run_directory_in_use_is_left_alone_with_its_log(tmp_path):
+    import fcntl
+    import os
+
+    from hf_mecheval.training.sweep import execute
+
+    run = tiny_sweep().runs[0]
+    runs_dir = tmp_path / "runs"
+    (runs_dir / run.name).mkdir(parents=True)
+    (runs_dir / f"{run.name}.log").write_text("the running child's log\n")
+    fd = os.open(runs_dir / run.name, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)          # a training child of a killed sweep, still at work
+        result = execute(run, str(runs_dir), threads=1)
+    finally:
+        os.close(fd)
+    assert result["returncode"] != 0 and "in use" in result["log"]
+    assert (runs_dir / f"{run.name}.log").read_text() == "the running child's log\n"
+    assert list((runs_dir / run.name).iterdir()) == []
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+def test_a_sweep_killed_with_sigkill_takes_its_training_down(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = {"name": "slow", "task": "ar_32", "defaults": {**BASE, "max_steps": 100000, "save_strategy": "no"},
+            "grids": [{"architecture": ["transformer"]}]}
+    (tmp_path / "s.yaml").write_text(json.dumps(spec))
+    sweep = subprocess.Popen([sys.executable, "-m", "hf_mecheval.cli", "sweep", str(tmp_path / "s.yaml"), "--out",
+                              str(tmp_path), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = str(tmp_path / "slow" / "runs")
+
+    def trainings():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if "hf_mecheval.training.run" in cmdline and marker in cmdline and state != "Z":
+                found.append(int(pid))
+        return found
+
+    try:
+        deadline = time.time() + 120
+        while not list((tmp_path / "slow" / "runs").glob("*/run.json")):
+            assert time.time() < deadline and sweep.poll() is None
+            time.sleep(0.2)
+        assert trainings()
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait()
+        deadline = time.time() + 30
+        while trainings() and time.time() < deadline:
+            time.sleep(0.2)
+        assert not trainings()
+    finally:
+        sweep.kill()
+        for pid in trainings():
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_absurd_sweep_is_refused_at_once_even_for_a_dry_run(tmp_path, capsys):
+    import time
+
+    path = tmp_path / "huge.yaml"
+    path.write_text(json.dumps({"name": "huge", "task": "ar_32", "grids": [{"learning_rate": [1e-4 * (i + 1) for i in
+                                                                                           range(1000)]}],
+                                "seeds": list(range(1000))}))
+    started = time.perf_counter()
+    assert mecheval(["sweep", str(path), "--dry-run"]) == 2
+    assert "1,000,000 runs" in capsys.readouterr().err and time.perf_counter() - started < 10
+    path.write_text("name: n\ntask: ar_32\ngrids:\n  - learning_rate: [.nan]\n")
+    assert mecheval(["sweep", str(path), "--dry-run"]) == 2
+    assert "learning_rate[0] is not a finite number" in capsys.readouterr().err
+    path.write_bytes(bytes(range(256)))
+    assert mecheval(["sweep", str(path), "--dry-run"]) == 2
+    assert "cannot read sweep file" in capsys.readouterr().err

@@ -98,6 +98,26 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     (["--seed", str(2**32)], "seed: must be <= 4294967295"),
     (["--dataset_seed", "-1"], "dataset_seed: must be >= 0"),
     (["--restoration_every_n_steps", "5", "--restoration_examples", "0"], "restoration_examples: must be >= 1"),
+    # NaN and infinity wherever a number is read
+    (["--learning_rate", "nan"], "learning_rate: must be a finite number, got nan"),
+    (["--learning_rate", "inf"], "learning_rate: must be a finite number, got inf"),
+    (["--num_train_epochs", "inf"], "num_train_epochs: must be a finite number, got inf"),
+    (["--warmup_steps", "nan"], "warmup_steps: must be a finite number"),
+    (["--max_grad_norm", "nan"], "max_grad_norm: must be a finite number"),
+    (["--task_config", '{"num_kv": 16, "num_pairs": 2, "heldout_fraction": NaN}'], "NaN is not a finite number"),
+    (["--model_config", '{"layer_norm_eps": Infinity}'], "Infinity is not a finite number"),
+    (["--model_config", '{"initializer_range": 1e999}'], "1e999 is not a finite number"),
+    # sizes that cannot fit in memory, refused with the estimate
+    (["--hidden_size", "1000000000"], "the model cannot be built"),
+    (["--hidden_size", "1000000"], "parameters, 640 training documents) would need about"),
+    (["--num_hidden_layers", "100000000"], "would need about"),
+    (["--task_config", '{"num_kv": 2000000000, "num_pairs": 2}'], "would need about"),
+    (["--train_size", str(10**12)], "would need about"),
+    (["--per_device_eval_batch_size", str(10**12)], "would need about"),
+    (["--restoration_every_n_steps", "5", "--restoration_examples", str(10**12)], "would need about"),
+    (["--task", "atr_easy", "--task_config", '{"num_terminals": 1000000000}'], "this ATR grammar would need about"),
+    (["--task", "atr_easy", "--task_config", '{"num_nonterminals": 10000000}'], "num_nonterminals: must be <= 100000"),
+    (["--data_seed", str(10**30)], "data_seed: must be <= 4294967295"),
 ])
 def test_bad_arguments_one_line_nonzero(tmp_path, capsys, extra, message):
     code = main(run_args(tmp_path / "run", *SHORT, *extra))
@@ -106,12 +126,22 @@ def test_bad_arguments_one_line_nonzero(tmp_path, capsys, extra, message):
     assert not (tmp_path / "run").exists()
 
 
+def test_bad_config_files_one_line_nonzero(tmp_path, capsys):
+    for name, content in (("bin.yaml", bytes(range(256)) * 4), ("nan.yaml", b"learning_rate: .nan\n"),
+                          ("inf.json", b'{"learning_rate": Infinity}'), ("deep.yaml", b"model_config: {dt_min: .inf}\n")):
+        (tmp_path / name).write_bytes(content)
+        assert main([str(tmp_path / name), *run_args(tmp_path / "run", *SHORT)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(tmp_path / name) in err[0], err
+        assert not (tmp_path / "run").exists()
+
+
 def test_existing_run_is_never_overwritten(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "notes.txt").write_text("precious")
     assert main(run_args(run, *SHORT)) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds files" in capsys.readouterr().err
     assert (run / "notes.txt").read_text() == "precious"
     assert main(run_args(tmp_path / "empty", *SHORT, "--resume")) == 2
     assert "holds no run" in capsys.readouterr().err

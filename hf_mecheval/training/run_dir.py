@@ -1,0 +1,175 @@
+"""The run directory: what a run writes into it, when it may be replaced, which checkpoint a
+resumed run continues from, and whether a run there is the run asked for.
+
+* Only a folder that is recognisably a run (``command.txt`` or ``run.json`` in it, and nothing a
+  run does not write) is ever replaced, and never the current folder or one of its parents.
+* A resumed run continues from the newest *complete* checkpoint: the Trainer writes
+  ``trainer_state.json`` last, so a checkpoint without it (or with weights that cannot be read)
+  was cut short by a kill or a full disk.
+* A run's fingerprint is the part of its ``run.json`` that decides its result (model, task, data
+  sizes and seed, the optimisation arguments); a finished or resumed run must have the fingerprint
+  of the run asked for. It is computed from ``run.json`` as every version wrote it, so runs made
+  before fingerprints existed are compared the same way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ..errors import MechEvalError
+from ..io_utils import is_temporary
+
+# every name a run (or a stacked run's directory) writes; checkpoints and temporaries by pattern
+RUN_FILES = {"command.txt", "run.json", "config.json", "generation_config.json", "model.safetensors",
+             "training_args.bin", "trainer_state.json", "metrics.json", "README.md", "restoration_history.json",
+             "records.json", "finished.json"}
+RUN_FOLDERS = {"interventions"}
+MARKS = ("command.txt", "run.json")
+CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+def _written_by_a_run(path: Path) -> bool:
+    name = path.name
+    if is_temporary(name):
+        return True
+    if path.is_dir() and not path.is_symlink():
+        return name in RUN_FOLDERS or CHECKPOINT.fullmatch(name) is not None
+    return name in RUN_FILES
+
+
+def check_replaceable(folder: str | os.PathLike, flag: str = "--overwrite") -> None:
+    """Refuse (one clear error) to replace ``folder`` unless it is missing, empty (temporaries
+    aside) or a run directory: never a file, a link, the current folder or one of its parents, or
+    a folder with anything in it that a run does not write."""
+    folder = Path(folder)
+    if not os.path.lexists(folder) or (folder.is_dir() and not folder.is_symlink() and not holds_files(folder)):
+        return                           # nothing there to lose
+    if folder.is_symlink():
+        raise MechEvalError(f"{flag} replaces only a run directory; {folder} is a link")
+    if not folder.is_dir():
+        raise MechEvalError(f"{flag} replaces only a run directory; {folder} is a file")
+    here = Path.cwd().resolve()
+    if folder.resolve() == here or folder.resolve() in here.parents:
+        raise MechEvalError(f"{flag} would delete {folder}, which holds the current folder; give the run "
+                            "its own folder")
+    entries = list(folder.iterdir())
+    foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in entries if not _written_by_a_run(p))
+    marked = any((folder / m).is_file() for m in MARKS)
+    real = [p for p in entries if not is_temporary(p.name)]
+    if foreign or (real and not marked):
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        why = f"it holds {shown}, which no run writes" if foreign else "it is not a run directory (no command.txt or run.json)"
+        raise MechEvalError(f"{flag} replaces only a run directory, and {folder} is not one: {why}; move "
+                            "those files or choose another folder")
+
+
+def clear_run_dir(folder: str | os.PathLike, flag: str = "--overwrite") -> None:
+    """Empty a run directory (``check_replaceable`` first). The folder itself stays: the lock of
+    the process replacing the run is on it."""
+    folder = Path(folder)
+    check_replaceable(folder, flag)
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
+def holds_files(folder: str | os.PathLike) -> bool:
+    folder = Path(folder)
+    return folder.is_dir() and any(not is_temporary(p.name) for p in folder.iterdir())
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The run's checkpoint-N folders, newest (largest N) first."""
+    run_dir = Path(run_dir)
+    found = [p for p in run_dir.iterdir() if CHECKPOINT.fullmatch(p.name) and p.is_dir()] if run_dir.is_dir() else []
+    return sorted(found, key=lambda p: int(CHECKPOINT.fullmatch(p.name).group(1)), reverse=True)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint ``path`` cannot be resumed from, or None: its trainer state (the
+    Trainer writes it last) and its weights must be readable."""
+    from safetensors import safe_open
+
+    try:
+        json.loads((path / "trainer_state.json").read_text())
+    except FileNotFoundError:
+        return "incomplete (no trainer_state.json: its saving was cut short)"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"trainer_state.json is damaged ({type(exc).__name__})"
+    try:
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            list(f.keys())
+    except Exception as exc:  # whatever the damage (missing, truncated, not safetensors), it is named
+        return f"model.safetensors: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return None
+
+
+def resume_checkpoint(run_dir: str | os.PathLike, remove_unusable: bool = True) -> Path:
+    """The newest complete checkpoint of ``run_dir``. Newer ones that cannot be used (a save cut
+    short) are removed when ``remove_unusable`` (so the Trainer never mixes them into its
+    rotation) and named on stderr; none usable is one clear error."""
+    import sys
+
+    found = checkpoints(run_dir)
+    if not found:
+        raise MechEvalError(f"--resume: {run_dir} has no checkpoint-* folder to continue from")
+    unusable = []
+    for path in found:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            for bad, why in unusable if remove_unusable else ():
+                print(f"resume: removing {bad}: {why}", file=sys.stderr)
+                shutil.rmtree(bad)
+            return path
+        unusable.append((path, problem))
+    bad, why = unusable[0]
+    raise MechEvalError(f"cannot resume from {run_dir}: no complete checkpoint ({bad.name}: {why})")
+
+
+# ---------------------------------------------------------------------------------- fingerprints
+# the training arguments that change what a run learns (output, logging, evaluation and saving do not)
+RESULT_TRAINING_FIELDS = (
+    "learning_rate", "seed", "data_seed", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "weight_decay",
+    "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "optim", "optim_args", "label_smoothing_factor",
+    "bf16", "fp16", "dataloader_drop_last", "neftune_noise_alpha", "average_tokens_across_devices",
+)
+IGNORED_MODEL_FIELDS = ("transformers_version",)
+
+
+def fingerprint(record: dict) -> dict:
+    """What decides a run's result, from its run.json record (flat ``section.field`` keys)."""
+    model, task, training = (record.get(k) if isinstance(record.get(k), dict) else {}
+                             for k in ("model", "task", "training"))
+    flat = {f"model.{k}": v for k, v in model.items() if k not in IGNORED_MODEL_FIELDS}
+    flat.update({f"task.{k}": task.get(k) for k in ("preset", "train_size", "eval_size", "dataset_seed")})
+    config = task.get("config") if isinstance(task.get("config"), dict) else {}
+    flat.update({f"task.config.{k}": v for k, v in config.items()})
+    flat["recipe"] = record.get("recipe")
+    flat.update({f"training.{k}": training.get(k) for k in RESULT_TRAINING_FIELDS})
+    return json.loads(json.dumps(flat, default=str))      # as read back from a file
+
+
+def differences(recorded: dict, requested: dict) -> list[str]:
+    """``field: X there, Y asked`` for every field whose value differs between two records."""
+    a, b = fingerprint(recorded), fingerprint(requested)
+    return [f"{k}: {json.dumps(a.get(k))} there, {json.dumps(b.get(k))} asked" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
+
+
+def check_same_run(run_dir: str | os.PathLike, requested: dict, what: str) -> None:
+    """Refuse to use (``what``: resume, reuse ...) the run in ``run_dir`` unless its run.json has
+    the fingerprint of ``requested``; the error names the fields that differ."""
+    from ..io_utils import read_json
+
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise MechEvalError(f"cannot {what} {run_dir}: it has no run.json, so it is not a run this command made")
+    diff = differences(read_json(path, dict), requested)
+    if diff:
+        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+        raise MechEvalError(f"cannot {what} {run_dir}: it was trained with other arguments — {'; '.join(diff[:3])}"
+                            f"{more}; use another output folder, or remove that run")

@@ -1,0 +1,162 @@
+"""Output files and folders: atomic writes with the umask's mode, no clobbering, one writer per
+output, all-or-nothing publishing, temporaries never uploaded, Arrow tables of any size."""
+import fcntl
+import json
+import os
+import stat
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hf_mecheval.cli import main as mecheval
+from hf_mecheval.errors import MechEvalError
+from hf_mecheval.io_utils import atomic_path, write_text_atomic
+from hf_mecheval.tasks import TaskData, build_task
+from hf_mecheval.tasks.publish import materialize, push_to_hub
+
+
+@pytest.fixture
+def umask():
+    def set_umask(mask):
+        os.umask(mask)
+    old = os.umask(0o022)
+    yield set_umask
+    os.umask(old)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_atomic_writes_respect_the_umask_and_keep_a_files_mode(tmp_path, umask):
+    write_text_atomic(tmp_path / "a.txt", "a")
+    assert mode(tmp_path / "a.txt") == 0o644
+    umask(0o077)
+    write_text_atomic(tmp_path / "b.txt", "b")
+    assert mode(tmp_path / "b.txt") == 0o600
+    umask(0o022)
+    os.chmod(tmp_path / "a.txt", 0o640)              # a document whose mode its owner chose
+    write_text_atomic(tmp_path / "a.txt", "again", overwrite=True)
+    assert mode(tmp_path / "a.txt") == 0o640 and (tmp_path / "a.txt").read_text() == "again"
+    folder = materialize(["ar_32"], tmp_path / "pub", train_size=8, eval_size=4, progress=False)
+    assert {mode(p) for p in folder.rglob("*") if p.is_file()} == {0o644}
+
+
+def test_a_file_that_appears_meanwhile_is_not_clobbered(tmp_path):
+    target = tmp_path / "out.txt"
+    with pytest.raises(MechEvalError, match="already exists"):
+        with atomic_path(target) as tmp:
+            tmp.write_text("new")
+            target.write_text("someone else's")
+    assert target.read_text() == "someone else's" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_two_writers_of_one_parquet_file(tmp_path, capsys):
+    out = tmp_path / "same.parquet"
+    with open(tmp_path / ".same.parquet.lock", "w") as held:     # another `data generate` at work
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert mecheval(["data", "generate", "ar_32", "-n", "8", "--out", str(out)]) == 2
+        assert "in use by another mecheval process" in capsys.readouterr().err
+    assert not out.exists()
+    assert mecheval(["data", "generate", "ar_32", "-n", "8", "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same.parquet"]      # the lock file is gone
+    assert mecheval(["data", "generate", "ar_32", "-n", "8", "--seed", "1", "--out", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_an_interrupted_publish_leaves_the_previous_data_whole(tmp_path, monkeypatch):
+    folder = materialize(["ar_32"], tmp_path / "pub", train_size=16, eval_size=8, seed=0, progress=False)
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    from hf_mecheval.tasks import base
+
+    real = base.Task.generate
+
+    def fail_on_validation(self, n, split="train", seed=0, workers=1):
+        if split == "validation":
+            raise KeyboardInterrupt           # a kill after the new train split was written
+        return real(self, n, split, seed, workers)
+
+    monkeypatch.setattr(base.Task, "generate", fail_on_validation)
+    with pytest.raises(KeyboardInterrupt):
+        materialize(["ar_32"], folder, train_size=16, eval_size=8, seed=1, overwrite=True, progress=False)
+    after = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert after == before
+    # a kill leaves no clean-up: a stale staged folder is ignored by load_dataset, removed by the
+    # next publish, and never uploaded
+    monkeypatch.setattr(base.Task, "generate", real)
+    stale = folder / ".ar_32.0123abcd.tmp"
+    stale.mkdir()
+    (stale / "train-00000-of-00001.parquet").write_bytes(b"half")
+    (folder / "ar_32" / ".card.json.0a1b2c3d.tmp").write_text("{")
+    uploaded = []
+
+    class FakeApi:
+        def upload_folder(self, folder_path, repo_id, repo_type, allow_patterns, ignore_patterns):
+            import fnmatch
+            for path in Path(folder_path).rglob("*"):
+                rel = str(path.relative_to(folder_path))
+                if path.is_file() and not any(fnmatch.fnmatch(rel, p) for p in ignore_patterns):
+                    uploaded.append(rel)
+
+    push_to_hub(folder, "me/data", api=FakeApi())
+    assert sorted(uploaded) == sorted(str(p) for p in before)
+    train = datasets.load_dataset(str(folder), "ar_32", split="train", cache_dir=str(tmp_path / "cache"))
+    assert train.to_list() == build_task("ar_32").generate(16, "train", 0).to_dataset().to_list()
+    materialize(["ar_32"], folder, train_size=16, eval_size=8, seed=1, overwrite=True, progress=False)
+    assert not stale.exists() and not (folder / "ar_32" / ".card.json.0a1b2c3d.tmp").exists()
+    assert json.loads((folder / "ar_32" / "card.json").read_text())["seed"] == 1
+
+
+def test_publish_never_replaces_a_preset_folder_with_other_files(tmp_path):
+    folder = materialize(["ar_32"], tmp_path / "pub", train_size=8, eval_size=4, progress=False)
+    (folder / "ar_32" / "notes.md").write_text("mine")
+    with pytest.raises(MechEvalError, match="notes.md"):
+        materialize(["ar_32"], folder, train_size=8, eval_size=4, overwrite=True, progress=False)
+    assert (folder / "ar_32" / "notes.md").read_text() == "mine"
+
+
+def test_publish_is_refused_while_another_writes_the_folder(tmp_path):
+    from hf_mecheval.io_utils import locked_folder
+
+    with locked_folder(tmp_path / "pub"):
+        pid = os.fork()
+        if pid == 0:                              # another process
+            try:
+                materialize(["ar_32"], tmp_path / "pub", train_size=8, eval_size=4, progress=False)
+                os._exit(0)
+            except MechEvalError as exc:
+                os._exit(3 if "in use" in str(exc) else 4)
+            except BaseException:
+                os._exit(5)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3
+        assert list((tmp_path / "pub").iterdir()) == []
+
+
+def test_arrow_tables_are_chunked_below_the_list_offset_limit(tmp_path, monkeypatch):
+    from hf_mecheval.tasks import data as data_module
+
+    # the real limit (2^31 - 1 tokens, ~58 M ar_32 documents) on offsets alone
+    offsets = np.arange(0, 37 * 60_000_000 + 1, 37, dtype=np.int64)
+    bounds = data_module.chunk_bounds(offsets, data_module.MAX_LIST_TOKENS)
+    assert len(bounds) == 2 and bounds[0][0] == 0 and bounds[-1][1] == 60_000_000
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(offsets[hi] - offsets[lo] <= 2**31 - 1 for lo, hi in bounds)
+    # the same on real data with a small limit
+    data = build_task("atr_easy").generate(200, "train", 0)
+    whole = data.to_arrow()
+    monkeypatch.setattr(data_module, "MAX_LIST_TOKENS", 300)
+    table = data.to_arrow()
+    assert table.column("input_ids").num_chunks > 3 and table.equals(whole) and table.schema == whole.schema
+    back = TaskData.from_arrow(table)
+    assert np.array_equal(back.tokens, data.tokens) and np.array_equal(back.offsets, data.offsets)
+    assert np.array_equal(back.token_columns["tree_parent"], data.token_columns["tree_parent"])
+    pq.write_table(table, tmp_path / "train.parquet")
+    loaded = datasets.load_dataset("parquet", data_files=str(tmp_path / "train.parquet"), split="train",
+                                   cache_dir=str(tmp_path / "cache"))
+    assert loaded.features == data.features()
+    assert loaded[150]["input_ids"] == data.document(150)["input_ids"]
+    assert data.to_dataset()[199]["labels"] == data.document(199)["labels"]
