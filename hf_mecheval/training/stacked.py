@@ -37,6 +37,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import write_text_atomic
 from ..models.stacked import StackedCausalLM
+from ..tasks.tokenizer import build_tokenizer
 from .arguments import validate
 from .callbacks import WallClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
@@ -338,7 +339,8 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
         record["stack"] = {"dir": str(stack_dir), "copy": k, "size": K}
         write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
         lone = MechEvalTrainer(model=model, args=t_args, eval_dataset=splits["validation"],
-                               data_collator=batch_collator, compute_metrics=compute_answer_metrics,
+                               processing_class=build_tokenizer(task), data_collator=batch_collator,
+                               compute_metrics=compute_answer_metrics,
                                preprocess_logits_for_metrics=answer_logits_summary)
         lone.state = dataclasses.replace(trainer.state, log_history=copy_history(trainer.state.log_history, k, K))
         extra = {"stack_size": K, **clock.summary()}      # the stack's wall time
