@@ -50,8 +50,9 @@ def test_save_pretrained_writes_the_code_and_auto_map(tmp_path):
         assert (tmp_path / f.name).read_bytes() == f.read_bytes()
 
 
+PROMPT = "<bos> k0 v1 k2 v3 <eos> k2"
 LOADER = r"""
-import importlib.util, json, sys
+import importlib.util, json, os, sys
 sys.path[1:1] = json.loads(sys.argv[1])            # site-packages, but not the .pth files that find hf_mecheval
 assert importlib.util.find_spec("hf_mecheval") is None, "hf_mecheval is importable"
 import torch
@@ -72,6 +73,10 @@ for folder in json.loads(sys.argv[2]):
     torch.save({"logits": logits, "generated": generated}, folder + "/out.pt")
     results[folder] = {"refused": refused, "class": type(model).__name__, "base": type(base).__name__,
                        "module": type(model).__module__}
+    if os.path.exists(folder + "/tokenizer.json"):         # text in, text out
+        from transformers import pipeline
+        generate = pipeline("text-generation", model=folder, trust_remote_code=True)
+        results[folder]["text"] = generate(PROMPT, max_new_tokens=3)[0]["generated_text"]
 assert not any(m.startswith("hf_mecheval") for m in sys.modules)
 with open("results.json", "w") as f:
     json.dump(results, f)
@@ -87,8 +92,13 @@ def test_a_python_without_hf_mecheval_loads_the_checkpoint_and_gets_the_same_log
         ids = torch.randint(3, 11, (2, 9))
         torch.save(ids, folder / "ids.pt")
         folders.append((arch, folder, model, ids))
+    # one checkpoint with the tokenizer of an AR task of its vocabulary (8 keys and values)
+    from hf_mecheval.tasks import build_task
+    from hf_mecheval.tasks.tokenizer import build_tokenizer
+
+    build_tokenizer(build_task("ar_32", num_kv=8, num_pairs=2, vocab_size=11)).save_pretrained(tmp_path / "mamba")
     script = tmp_path / "load.py"
-    script.write_text(LOADER)
+    script.write_text(LOADER.replace("PROMPT", repr(PROMPT)))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # -S: no site module, so no .pth file (an editable install of hf_mecheval is one) is processed
     proc = subprocess.run([sys.executable, "-S", str(script), json.dumps(site.getsitepackages()),
@@ -106,6 +116,10 @@ def test_a_python_without_hf_mecheval_loads_the_checkpoint_and_gets_the_same_log
         with torch.no_grad():
             torch.testing.assert_close(out["logits"], model(ids).logits, rtol=0, atol=1e-12)
         assert torch.equal(out["generated"], model.generate(ids, max_new_tokens=3, eos_token_id=None))
+    from transformers import pipeline
+
+    here = pipeline("text-generation", model=str(tmp_path / "mamba"))
+    assert results[str(tmp_path / "mamba")]["text"] == here(PROMPT, max_new_tokens=3)[0]["generated_text"]
 
 
 @pytest.mark.parametrize("arch", ["deltanet"])
