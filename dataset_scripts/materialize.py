@@ -3,6 +3,9 @@
     python dataset_scripts/ar/materialize.py  [--out FOLDER] [--train-size N] [--push-to-hub mecheval/ar]
     python dataset_scripts/atr/materialize.py [--out FOLDER] [--train-size N] [--push-to-hub mecheval/atr]
 
+They need only an installed hf-mecheval (the wheel will do), wherever they are run from; the
+folder defaults to data/ar or data/atr in the current directory.
+
 Afterwards ``datasets.load_dataset(FOLDER, "atr_easy")`` works offline, and once pushed,
 ``datasets.load_dataset("mecheval/atr", "atr_easy")``. Same as ``mecheval data publish``.
 """
@@ -18,7 +21,8 @@ from hf_mecheval.tasks.presets import PRESETS
 
 def run(task: str, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=f"Materialise every {task.upper()} preset as parquet + dataset card.")
-    parser.add_argument("--out", default=str(Path(__file__).parent / task / "data"), help="output folder")
+    parser.add_argument("--out", default=str(Path("data") / task),
+                        help=f"output folder (default: data/{task} in the current directory)")
     args, rest = parser.parse_known_args(argv)
     presets = [name for name, p in PRESETS.items() if p.task == task]
     return mecheval(["data", "publish", *presets, "--out", args.out, *rest])

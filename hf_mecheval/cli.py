@@ -161,6 +161,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                           sites=args.sites, batch_size=args.batch_size, n_resamples=args.resamples,
                           overwrite=args.overwrite)
     row = last_layer_summary(result)
+    print(f"{args.split} document 0: {result['run']['example']}")
     print(f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {fmt(row['@key'])} "
           f"@value {fmt(row['@value'])} @query {fmt(row['@query'])} -> {row['mechanism']} ({row['confidence']})")
     print(f"reason: {result['mechanism']['reason']}")
@@ -325,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Run every unfinished run of a sweep file (finished runs are skipped, "
                                             "interrupted ones resumed) and write results.{json,csv,md}: the best "
                                             "learning rate per configuration by validation, reported on test.")
-    sweep.add_argument("file", help="sweep YAML, e.g. hf_mecheval/training/sweeps/ar_main.yaml")
+    sweep.add_argument("file", help="a sweep YAML file, or a packaged sweep by name: ar_main, atr, ar_mamba_conv, "
+                                    "cpu/ar, reference/ar, ... (hf_mecheval/training/sweeps/)")
     _launcher_arguments(sweep, default_out="runs/sweeps")
     sweep.set_defaults(func=_sweep)
 
@@ -367,9 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="training processes at once; auto (default): one per core with one thread each on a CPU")
     qs.set_defaults(func=_quickstart)
 
-    push = commands.add_parser("push", help="upload a run (model, config, model card, metrics) to the Hub",
-                               description="Write the run's model card and upload the model, its config, the card, "
-                                           "run.json, metrics.json and the intervention results as a model repository.")
+    push = commands.add_parser("push", help="upload a run (model, code, tokenizer, model card, metrics) to the Hub",
+                               description="Write the run's model card and upload the model with its config, its own "
+                                           "code (loads with trust_remote_code=True without hf-mecheval) and "
+                                           "generation config, the tokenizer, the card, run.json, metrics.json and "
+                                           "the intervention results as a model repository.")
     push.add_argument("run_dir", help="a finished run directory")
     push.add_argument("repo", help="model repository, e.g. your-name/mamba-ar32-d64")
     push.add_argument("--private", action="store_true", help="create the repository as private")

@@ -100,6 +100,21 @@ def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
     assert "225 runs" in capsys.readouterr().out
 
 
+def test_sweeps_by_name_or_path(capsys, tmp_path):
+    assert main(["sweep", "ar_position_embeddings", "--dry-run"]) == 0
+    assert "56 runs" in capsys.readouterr().out                      # 7 architectures x 2 x 2 widths x 4 rates
+    assert main(["sweep", "reference/ar", "--dry-run"]) == 0
+    by_name = capsys.readouterr().out
+    from hf_mecheval.training.sweep import SWEEPS_DIR
+
+    copy = tmp_path / "mine.yaml"
+    copy.write_text((SWEEPS_DIR / "reference" / "ar.yaml").read_text())
+    assert main(["sweep", str(copy), "--dry-run"]) == 0
+    assert capsys.readouterr().out == by_name
+    assert main(["sweep", "no_such_sweep", "--dry-run"]) == 2
+    assert "packaged: " in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [
     ["report", "runs/definitely-missing"],
     ["evaluate", "runs/definitely-missing"],

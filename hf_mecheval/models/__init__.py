@@ -1,14 +1,17 @@
-"""The seven architectures as Hugging Face models (SPEC §3, §7).
+"""The seven architectures as Hugging Face models.
 
 ``import hf_mecheval`` registers every config and model with ``AutoConfig``, ``AutoModel`` and
 ``AutoModelForCausalLM``::
 
     config = AutoConfig.for_model("mecheval-mamba", hidden_size=128, conv_kernel=4, vocab_size=8196)
     model = AutoModelForCausalLM.from_config(config)
+
+Every module here but this one and ``stacked.py`` is the models' self-contained code (relative
+imports only, within this folder), which a saved model carries as its remote code.
 """
 from .configuration_mecheval import (ARCHITECTURES, BasedConfig, BaseConvConfig, DeltaNetConfig, H3Config,
                                      HyenaConfig, MambaConfig, MechEvalConfig, TransformerConfig)
-from .modeling_mecheval import MODEL_CLASSES, MechEvalForCausalLM, MechEvalModel
+from .modeling_mecheval import MODEL_CLASSES, MechEvalForCausalLM, MechEvalModel, auto_map, save_remote_code
 
 _registered = False
 
@@ -29,7 +32,7 @@ def register_auto_classes() -> None:
 
 def build_model(architecture: str, **config_fields) -> MechEvalForCausalLM:
     """A freshly initialised causal LM, e.g. ``build_model("mamba", hidden_size=64, conv_kernel=0)``."""
-    from ..errors import ConfigError
+    from .errors import ConfigError
 
     if architecture not in MODEL_CLASSES:
         raise ConfigError("architecture", f"unknown architecture {architecture!r}; choose one of "
@@ -63,4 +66,5 @@ def count_parameters(config) -> int:
 
 __all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "H3Config", "HyenaConfig",
            "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES", "MechEvalForCausalLM",
-           "MechEvalModel", "register_auto_classes", "build_model", "count_parameters"]
+           "MechEvalModel", "auto_map", "save_remote_code", "register_auto_classes", "build_model",
+           "count_parameters"]

@@ -1,4 +1,4 @@
-"""Configurations of the seven architectures (SPEC §3, §7).
+"""Configurations of the seven architectures.
 
 All share :class:`MechEvalConfig`'s fields (Hugging Face names: ``vocab_size``,
 ``hidden_size``, ``num_hidden_layers``, ``max_position_embeddings`` — 0 means no position
@@ -13,7 +13,7 @@ import math
 
 from transformers import PreTrainedConfig
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 KERNEL_CHOICES = ("auto", "torch", "cuda")
 
@@ -105,7 +105,7 @@ class MechEvalConfig(PreTrainedConfig):
         _choice(self, "kernels", KERNEL_CHOICES)
 
     def layer_mixers(self) -> list[str]:
-        """Name of the sequence mixer of each layer (see ``mixers.MIXERS``)."""
+        """Name of the sequence mixer of each layer (see ``MIXERS`` in ``modeling_mecheval.py``)."""
         raise NotImplementedError
 
 

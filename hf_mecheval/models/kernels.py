@@ -12,7 +12,7 @@ import importlib.util
 import torch
 from transformers.utils import logging
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 logger = logging.get_logger(__name__)
 
@@ -43,16 +43,23 @@ def _log_choice(mixer: str, chosen: bool) -> None:
     logger.info(f"hf-mecheval: {mixer} runs on {'fused CUDA kernels' if chosen else 'the PyTorch reference path'}")
 
 
+# The imports below sit in try blocks: besides failing clearly, that tells transformers' remote-code
+# loader (which refuses a module whose imports are missing, except inside try blocks) that these
+# packages are optional, so a checkpoint's copy of this file loads without them.
 def mamba_kernels():
     """(selective_scan_fn, causal_conv1d_fn) from mamba-ssm and causal-conv1d."""
-    from causal_conv1d import causal_conv1d_fn
-    from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
-
+    try:
+        from causal_conv1d import causal_conv1d_fn
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+    except ImportError as exc:
+        raise ConfigError("kernels", f"the Mamba kernels need mamba-ssm and causal-conv1d: {exc}") from exc
     return selective_scan_fn, causal_conv1d_fn
 
 
 def delta_rule_kernel():
     """flash-linear-attention's chunked delta rule."""
-    from fla.ops.delta_rule import chunk_delta_rule
-
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule
+    except ImportError as exc:
+        raise ConfigError("kernels", f"the DeltaNet kernel needs flash-linear-attention: {exc}") from exc
     return chunk_delta_rule

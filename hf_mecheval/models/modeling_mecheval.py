@@ -9,21 +9,53 @@
 The backbone never branches on the architecture: the config names each layer's mixer, the
 block norm and whether there is an MLP. Every activation an intervention may touch flows
 through a named :class:`~.sites.Site` (see ``sites.py`` for the vocabulary).
+
+``attention_mask`` (1 = token, 0 = padding) is honoured: a left-padded row gives the logits of
+the same row unpadded (each mixer keeps padding out of what it mixes along the sequence, and
+learned positions count real tokens only); right padding cannot change a causal model's real
+positions. A mask with padding between tokens is refused (``padding_mask``): a recurrent mixer
+cannot skip a token in the middle of a sequence.
+
+Generation: with ``use_cache=True`` (as ``generate()`` passes it) the forward runs every token
+through the mixers' recurrent ``step`` forms, keeping their states in a ``RecurrentCache``, so a
+new token costs one step, not a forward over the whole sequence.
+
+This file and the files it imports (all relative imports, all in this folder) are the model's
+whole code: ``save_pretrained`` writes them beside the weights with an ``auto_map`` in
+config.json, so a checkpoint loads with ``trust_remote_code=True`` where hf-mecheval is not
+installed (``save_remote_code``).
 """
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 
-from ..errors import MechEvalError
-from . import configuration_mecheval as cfg
-from .mixers import at_positions, mixer_class
+from .configuration_mecheval import (BasedConfig, BaseConvConfig, DeltaNetConfig, H3Config, HyenaConfig, MambaConfig,
+                                     MechEvalConfig, TransformerConfig)
+from .errors import MechEvalError
+from .mixer_attention import CausalSelfAttention
+from .mixer_base_conv import BaseConv
+from .mixer_based import BasedLinearAttention
+from .mixer_delta_net import DeltaNetMixer
+from .mixer_h3 import H3
+from .mixer_hyena import HyenaOperator
+from .mixer_mamba import MambaMixer
+from .mixers import at_positions
+from .recurrent_cache import RecurrentCache
 from .sites import Site
+
+# the names config.layer_mixers() uses -> mixer classes (the mixer contract: mixers.py)
+MIXERS = {"attention": CausalSelfAttention, "based": BasedLinearAttention, "base_conv": BaseConv, "h3": H3,
+          "hyena": HyenaOperator, "mamba": MambaMixer, "delta_net": DeltaNetMixer}
 
 IGNORE_INDEX = -100
 
@@ -58,13 +90,31 @@ def _norm(config) -> nn.Module:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
-class Block(nn.Module):
+def padding_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """attention_mask (B, T) of 1 = token, 0 = padding, T >= length (with a cache it covers the
+    past too) -> its last ``length`` columns as a bool mask, or None where none of them is padding.
+    Each row must be one run of tokens, padded before and/or after it; anything else is refused."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape[1] < length:
+        raise MechEvalError(f"attention_mask must be (batch, length >= {length}), got shape "
+                            f"{tuple(attention_mask.shape)}")
+    mask = attention_mask.bool()
+    runs = mask[:, 0].long() + (mask[:, 1:] & ~mask[:, :-1]).sum(1)              # runs of tokens per row
+    if bool((runs > 1).any()):
+        raise MechEvalError("attention_mask has padding between the tokens of a row: only left and right "
+                            "padding can be honoured (a recurrent mixer cannot skip a token inside a sequence)")
+    mask = mask[:, -length:]
+    return None if bool(mask.all()) else mask
+
+
+class Block(GradientCheckpointingLayer):
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.input = Site("residual stream entering the block, (batch, length, hidden)")
         self.mixer_norm = _norm(config)
         self.mixer_input = Site("normalised residual stream entering the mixer")
-        self.mixer = mixer_class(config.layer_mixers()[layer_idx])(config, layer_idx)
+        self.mixer = MIXERS[config.layer_mixers()[layer_idx]](config, layer_idx)
         self.mixer_output = Site("mixer output, before the residual addition")
         if config.use_mlp:
             self.mlp_norm = _norm(config)
@@ -75,26 +125,27 @@ class Block(nn.Module):
             self.mlp = None
         self.output = Site("residual stream leaving the block")
 
-    def forward(self, r: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, r: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         # r: (B, L, D) residual stream. keep: (B, k) positions; when given (last block, training),
         # the MLP runs at those positions only and the block returns (B, k, D): the mixer mixes
         # along the sequence, but the MLP is per position and nothing later reads other positions.
         # A mixer with ``accepts_keep`` (attention, H3, Mamba) also computes its output there only.
+        # mask: (B, L) padding mask (see padding_mask) or None.
         r = self.input(r)
         x = self.mixer_input(self.mixer_norm(r))
         if keep is not None and getattr(self.mixer, "accepts_keep", False):
-            r = at_positions(r, keep) + self.mixer_output(self.mixer(x, keep=keep))
+            r = at_positions(r, keep) + self.mixer_output(self.mixer(x, keep=keep, mask=mask))
         else:
-            r = r + self.mixer_output(self.mixer(x))
+            r = r + self.mixer_output(self.mixer(x, mask=mask))
             if keep is not None:
                 r = at_positions(r, keep)
         if self.mlp is not None:
             r = r + self.mlp_output(self.mlp(self.mlp_input(self.mlp_norm(r))))
         return self.output(r)
 
-    def step(self, r_t: torch.Tensor, state):
-        """Recurrent form for one token: r_t (B, D)."""
-        y, state = self.mixer.step(self.mixer_norm(r_t), state)
+    def step(self, r_t: torch.Tensor, state, mask: torch.Tensor | None = None):
+        """Recurrent form for one token: r_t (B, D); mask (B,) False where it is padding."""
+        y, state = self.mixer.step(self.mixer_norm(r_t), state, mask)
         r_t = r_t + y
         if self.mlp is not None:
             r_t = r_t + self.mlp(self.mlp_norm(r_t))
@@ -102,10 +153,11 @@ class Block(nn.Module):
 
 
 class MechEvalPreTrainedModel(PreTrainedModel):
-    config_class = cfg.MechEvalConfig
+    config_class = MechEvalConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
+    supports_gradient_checkpointing = True      # every Block is a GradientCheckpointingLayer
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -127,6 +179,13 @@ class MechEvalPreTrainedModel(PreTrainedModel):
         ):
             module.init_mecheval_parameters()
 
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
+        """transformers' save_pretrained, plus this model's code and ``auto_map`` (``save_remote_code``)."""
+        self.config.auto_map = auto_map(type(self.config))
+        super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
+        if is_main_process:
+            save_remote_code(save_directory)
+
 
 class MechEvalModel(MechEvalPreTrainedModel):
     """The backbone: returns the final (normed) residual stream."""
@@ -140,6 +199,7 @@ class MechEvalModel(MechEvalPreTrainedModel):
         )
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -148,36 +208,71 @@ class MechEvalModel(MechEvalPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
+    def add_positions(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, D) or (B, D) + the learned embedding of ``positions`` ((B, L) or (B,); default
+        0 .. L-1) where the model has position embeddings."""
+        if self.embed_positions is None:
+            return x
+        if positions is None:
+            longest, positions = x.shape[1], torch.arange(x.shape[1], device=x.device)
+        else:
+            longest = int(positions.max()) + 1 if positions.numel() else 0
+        if longest > self.config.max_position_embeddings:
+            raise MechEvalError(f"sequence length {longest} exceeds max_position_embeddings "
+                                f"{self.config.max_position_embeddings}")
+        return x + self.embed_positions(positions)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # input_ids: (B, L) -> (B, L, D)
-        x = self.embed_tokens(input_ids)
-        if self.embed_positions is not None:
-            L = input_ids.shape[1]
-            if L > self.config.max_position_embeddings:
-                raise MechEvalError(f"sequence length {L} exceeds max_position_embeddings "
-                                    f"{self.config.max_position_embeddings}")
-            x = x + self.embed_positions(torch.arange(L, device=input_ids.device))
-        return x
+        # input_ids: (B, L) -> (B, L, D), the residual stream entering layer 0
+        return self.add_positions(self.embed_tokens(input_ids))
 
     def forward(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+                attention_mask: torch.Tensor | None = None, cache: RecurrentCache | None = None,
+                use_cache: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, keep_positions: torch.Tensor | None = None,
-                **kwargs) -> BaseModelOutput:
+                **kwargs) -> BaseModelOutputWithPast:
         """keep_positions: optional (B, k) positions; the last block's per-position work and the
-        output are then restricted to them (last_hidden_state is (B, k, D))."""
-        # attention_mask is accepted for API compatibility only: documents are right-padded and
-        # every mixer is causal, so padding never influences a real position.
+        output are then restricted to them (last_hidden_state is (B, k, D)). inputs_embeds: token
+        embeddings (positions are added). With ``use_cache`` or a ``cache``: token by token through
+        the recurrent forms, from the cache's state; the cache comes back updated."""
         if (input_ids is None) == (inputs_embeds is None):
             raise MechEvalError("pass exactly one of input_ids and inputs_embeds")
-        r = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds      # (B, L, D)
+        mask = padding_mask(attention_mask, x.shape[1])
+        if use_cache and cache is None:
+            cache = RecurrentCache(len(self.layers))
+        if cache is not None:
+            if keep_positions is not None or output_hidden_states:
+                raise MechEvalError("the recurrent (cached) forward returns the final hidden states only")
+            r = self._forward_recurrent(x, mask, cache)
+            return BaseModelOutputWithPast(last_hidden_state=self.norm_f(r), cache=cache)
+
+        if mask is not None and bool(mask[:, 0].all()):
+            mask = None      # right padding only: it cannot reach earlier positions, which count from 0 anyway
+        # a real token's position counts the real tokens before it (left padding shifts nothing)
+        positions = None if mask is None else (mask.long().cumsum(1) - 1).clamp(min=0)
+        r = self.add_positions(x, positions)
         hidden = [r] if output_hidden_states else None
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
-            r = block(r, keep_positions if i == last else None)
+            r = block(r, keep_positions if i == last else None, mask)
             if output_hidden_states:
                 hidden.append(r)
         r = self.norm_f(r)
-        return BaseModelOutput(last_hidden_state=r, hidden_states=tuple(hidden) if hidden else None)
+        return BaseModelOutputWithPast(last_hidden_state=r, hidden_states=tuple(hidden) if hidden else None)
+
+    def _forward_recurrent(self, x: torch.Tensor, mask: torch.Tensor | None, cache: RecurrentCache) -> torch.Tensor:
+        """x (B, L, D) token embeddings -> the last block's outputs (B, L, D), one step per token
+        through every block's recurrent form, carrying ``cache`` along. Sites are not visited."""
+        outputs = []
+        for t in range(x.shape[1]):
+            mask_t = None if mask is None else mask[:, t]                              # (B,)
+            r_t = self.add_positions(x[:, t], cache.positions(x.shape[0], x.device))
+            for i, block in enumerate(self.layers):
+                r_t, cache.layers[i] = block.step(r_t, cache.layers[i], mask_t)
+            cache.advance(mask_t)
+            outputs.append(r_t)
+        return torch.stack(outputs, dim=1)
 
     # ------------------------------------------------------------------ intervention sites
     def site_names(self) -> list[str]:
@@ -204,20 +299,8 @@ class MechEvalModel(MechEvalPreTrainedModel):
             if hasattr(m, "functional_path"):
                 m.functional_path = flag
 
-    def step(self, token: torch.Tensor, position: int, state: list | None):
-        """Recurrent form: one token (B,) at ``position``; returns (final hidden (B, D), state)."""
-        x = self.embed_tokens(token)
-        if self.embed_positions is not None:
-            x = x + self.embed_positions.weight[position]
-        state = state or [None] * len(self.layers)
-        new_state = []
-        for block, s in zip(self.layers, state):
-            x, s = block.step(x, s)
-            new_state.append(s)
-        return self.norm_f(x), new_state
 
-
-class MechEvalForCausalLM(MechEvalPreTrainedModel):
+class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
     """Backbone + LM head tied to the embedding.
 
     Loss on the answer only: with ``labels`` (-100 except the answer, as the task datasets
@@ -225,6 +308,10 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel):
     row has exactly one label, ``logits`` is (batch, 1, vocab) at that position. Without labels,
     ``logits_to_keep`` selects positions as in transformers (int = last k; 1D tensor = these
     positions; 2D (batch, k) integer tensor = per-row positions); default all.
+
+    ``generate()`` works as for any transformers causal LM, greedy or sampling, with the
+    recurrent cache; by default (``generation_config``) it answers one token greedily, as the
+    tasks' documents end with one answer.
     """
 
     # the loss is a mean over the batch's answers: the Trainer must divide it by the gradient
@@ -238,6 +325,21 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel):
         self.model = MechEvalModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+        self.generation_config.do_sample = False
+        self.generation_config.max_new_tokens = 1
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False     # not transformers' key/value cache: the forward makes a RecurrentCache
+
+    def _get_stopping_criteria(self, *args, **kwargs):
+        # generate() reads max_position_embeddings as the longest sequence; here 0 means "no
+        # position embeddings" (any length), so it must not warn that 0 tokens were exceeded
+        criteria = super()._get_stopping_criteria(*args, **kwargs)
+        for criterion in criteria:
+            if getattr(criterion, "max_position_embeddings", None) == 0:
+                criterion.max_position_embeddings = None
+        return criteria
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
@@ -262,18 +364,21 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 logits_to_keep: int | torch.Tensor = 0, inputs_embeds: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool | None = None,
-                return_dict: bool | None = None, **kwargs) -> CausalLMOutput:
+                attention_mask: torch.Tensor | None = None, cache: RecurrentCache | None = None,
+                use_cache: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
         loss, keep = None, None
-        if labels is not None and not output_hidden_states:
+        cached = use_cache or cache is not None
+        if labels is not None and not output_hidden_states and not cached:
             # position t predicts labels[t + 1]; with one label per row (the tasks' answer-only
             # loss) only the predicting position needs the last block's MLP and the LM head
             mask = labels[:, 1:] != IGNORE_INDEX                               # (B, L-1)
             observed = any(m.wanted() for m in self.model.layers[-1].modules() if isinstance(m, Site))
             if not observed and bool((mask.sum(1) == 1).all()):
                 keep = mask.float().argmax(1)[:, None]                         # (B, 1)
-        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds,
-                         output_hidden_states=output_hidden_states, keep_positions=keep)
+        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                         cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states,
+                         keep_positions=keep)
         h = out.last_hidden_state                                              # (B, L or 1, D)
         if keep is not None:
             logits = self.lm_head(h)                                           # (B, 1, V)
@@ -285,82 +390,104 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel):
                                    ignore_index=IGNORE_INDEX)
         else:
             logits = self.lm_head(slice_logits_to_keep(h, logits_to_keep))
-        return CausalLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
-
-    @torch.no_grad()
-    def step_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits (B, L, V) computed token by token through every mixer's recurrent form."""
-        state, outs = None, []
-        for t in range(input_ids.shape[1]):
-            h, state = self.model.step(input_ids[:, t], t, state)
-            outs.append(self.lm_head(h))
-        return torch.stack(outs, dim=1)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states)
 
 
 # ------------------------------------------------------------- one class pair per architecture
 class MechEvalTransformerModel(MechEvalModel):
-    config_class = cfg.TransformerConfig
+    config_class = TransformerConfig
 
 
 class MechEvalTransformerForCausalLM(MechEvalForCausalLM):
-    config_class = cfg.TransformerConfig
+    config_class = TransformerConfig
 
 
 class MechEvalBasedModel(MechEvalModel):
-    config_class = cfg.BasedConfig
+    config_class = BasedConfig
 
 
 class MechEvalBasedForCausalLM(MechEvalForCausalLM):
-    config_class = cfg.BasedConfig
+    config_class = BasedConfig
 
 
 class MechEvalBaseConvModel(MechEvalModel):
-    config_class = cfg.BaseConvConfig
+    config_class = BaseConvConfig
 
 
 class MechEvalBaseConvForCausalLM(MechEvalForCausalLM):
-    config_class = cfg.BaseConvConfig
+    config_class = BaseConvConfig
 
 
 class MechEvalH3Model(MechEvalModel):
-    config_class = cfg.H3Config
+    config_class = H3Config
 
 
 class MechEvalH3ForCausalLM(MechEvalForCausalLM):
-    config_class = cfg.H3Config
+    config_class = H3Config
 
 
 class MechEvalHyenaModel(MechEvalModel):
-    config_class = cfg.HyenaConfig
+    config_class = HyenaConfig
 
 
 class MechEvalHyenaForCausalLM(MechEvalForCausalLM):
-    config_class = cfg.HyenaConfig
+    config_class = HyenaConfig
 
 
 class MechEvalMambaModel(MechEvalModel):
-    config_class = cfg.MambaConfig
+    config_class = MambaConfig
 
 
 class MechEvalMambaForCausalLM(MechEvalForCausalLM):
-    config_class = cfg.MambaConfig
+    config_class = MambaConfig
 
 
 class MechEvalDeltaNetModel(MechEvalModel):
-    config_class = cfg.DeltaNetConfig
+    config_class = DeltaNetConfig
 
 
 class MechEvalDeltaNetForCausalLM(MechEvalForCausalLM):
-    config_class = cfg.DeltaNetConfig
+    config_class = DeltaNetConfig
 
 
 # architecture -> (config, base model, causal LM)
 MODEL_CLASSES = {
-    "transformer": (cfg.TransformerConfig, MechEvalTransformerModel, MechEvalTransformerForCausalLM),
-    "based": (cfg.BasedConfig, MechEvalBasedModel, MechEvalBasedForCausalLM),
-    "baseconv": (cfg.BaseConvConfig, MechEvalBaseConvModel, MechEvalBaseConvForCausalLM),
-    "h3": (cfg.H3Config, MechEvalH3Model, MechEvalH3ForCausalLM),
-    "hyena": (cfg.HyenaConfig, MechEvalHyenaModel, MechEvalHyenaForCausalLM),
-    "mamba": (cfg.MambaConfig, MechEvalMambaModel, MechEvalMambaForCausalLM),
-    "deltanet": (cfg.DeltaNetConfig, MechEvalDeltaNetModel, MechEvalDeltaNetForCausalLM),
+    "transformer": (TransformerConfig, MechEvalTransformerModel, MechEvalTransformerForCausalLM),
+    "based": (BasedConfig, MechEvalBasedModel, MechEvalBasedForCausalLM),
+    "baseconv": (BaseConvConfig, MechEvalBaseConvModel, MechEvalBaseConvForCausalLM),
+    "h3": (H3Config, MechEvalH3Model, MechEvalH3ForCausalLM),
+    "hyena": (HyenaConfig, MechEvalHyenaModel, MechEvalHyenaForCausalLM),
+    "mamba": (MambaConfig, MechEvalMambaModel, MechEvalMambaForCausalLM),
+    "deltanet": (DeltaNetConfig, MechEvalDeltaNetModel, MechEvalDeltaNetForCausalLM),
 }
+
+
+def auto_map(config_class: type) -> dict[str, str]:
+    """config.json's ``auto_map`` for an architecture's config class: where transformers finds the
+    classes in the code files beside the weights (with ``trust_remote_code=True``)."""
+    _, model_class, lm_class = next(classes for classes in MODEL_CLASSES.values() if classes[0] is config_class)
+    return {"AutoConfig": f"configuration_mecheval.{config_class.__name__}",
+            "AutoModel": f"modeling_mecheval.{model_class.__name__}",
+            "AutoModelForCausalLM": f"modeling_mecheval.{lm_class.__name__}"}
+
+
+def remote_code_files() -> list[Path]:
+    """The model's whole code: this file and every file it imports relatively, recursively (all in
+    this folder; transformers' own rule for which files a remote-code model needs)."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    here = Path(__file__).resolve()
+    return [here, *sorted({Path(f) for f in get_relative_import_files(str(here))})]
+
+
+def save_remote_code(folder) -> list[Path]:
+    """Copy ``remote_code_files()`` into ``folder`` (a saved model, whose config.json names them in
+    its ``auto_map``). Works from the installed package and from a checkpoint's own copy alike."""
+    written = []
+    for source in remote_code_files():
+        target = Path(folder) / source.name
+        if source != target.resolve():
+            shutil.copyfile(source, target)
+        written.append(target)
+    return written
+

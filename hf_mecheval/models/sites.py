@@ -29,8 +29,14 @@ layer's output through its SSM, long convolution or delta rule (BaseConv's gatin
 so there it stays at p until the next layer). ``propagates`` is descriptive; nothing reads it.
 
 Mixers skip materialising expensive internal sites (state trajectories) unless a torch hook is
-registered on them (plain hooks, pyvene) or ``model.materialize_sites(True)`` was called —
-call it before using a tool that does not register torch hooks (nnsight).
+registered on them (plain hooks, pyvene), a tool wrapped their ``forward`` (nnsight), or
+``model.materialize_sites(True)`` was called — call it before using a tool that does neither.
+
+Under nnsight, every module has ``.input`` and ``.output`` of its own, so a block's sites named
+``input`` and ``output`` appear there as ``.E_input`` and ``.E_output`` (nnsight says so in a
+warning when it wraps the model): ``layers[L].input`` is the block's input and
+``layers[L].output`` its output, the same tensors as the sites ``layers.L.input`` and
+``layers.L.output``; ``layers[L].E_input.output`` is the site itself.
 """
 from __future__ import annotations
 
@@ -49,10 +55,13 @@ class Site(nn.Module):
         self.materialize = False
 
     def wanted(self) -> bool:
-        """Whether anyone may read or patch this site now: a hook is registered on it, or
-        ``materialize`` was set (``model.materialize_sites(True)``). Mixers use it to skip
-        materialising expensive activations (recurrent state trajectories) nobody asked for."""
-        return self.materialize or bool(self._forward_hooks or self._forward_pre_hooks)
+        """Whether anyone may read or patch this site now: a hook is registered on it, its
+        ``forward`` was replaced on the instance (nnsight does that to every module it wraps;
+        so do accelerate's dispatch hooks), or ``materialize`` was set
+        (``model.materialize_sites(True)``). Mixers use it to skip materialising expensive
+        activations (recurrent state trajectories) nobody asked for."""
+        return (self.materialize or bool(self._forward_hooks or self._forward_pre_hooks)
+                or "forward" in self.__dict__)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -88,3 +97,16 @@ def rerun_from_patched_states(original: torch.Tensor, patched: torch.Tensor, tra
         e = delta_t if e is None else torch.where(changed[:, t], delta_t, transition(t, e))
         result[:, t] += e
     return result
+
+
+def through_state_site(site: Site, states: torch.Tensor, transition) -> torch.Tensor:
+    """A state trajectory (B, L, ...) through its ``site``; returns the trajectory the layer goes on
+    with: ``states`` where nobody patched, else ``rerun_from_patched_states``. The site shows a
+    copy, so that a patch made in place (nnsight's assignments) is seen as well as a tensor that a
+    hook returns, and compared with the states as computed."""
+    shown = states.clone()
+    version = shown._version
+    patched = site(shown)
+    if patched is shown and shown._version == version:
+        return states                                     # read, or not observed at all
+    return rerun_from_patched_states(states, patched, transition)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import MechEvalError
+from .errors import MechEvalError
 from .modeling_mecheval import IGNORE_INDEX, MechEvalForCausalLM
 
 

@@ -121,7 +121,8 @@ def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_si
     result = run_grid(model, task, data, sites=sites, batch_size=batch_size, n_resamples=n_resamples,
                       progress=progress)
     result["run"] = {"run_dir": str(run_dir), "architecture": record["model"].get("architecture"),
-                     "task": record["task"]["preset"], "split": split, "dataset_seed": seed}
+                     "task": record["task"]["preset"], "split": split, "dataset_seed": seed,
+                     "example": _example(model, task, data)}
     name = f"{result['run']['architecture']} on {result['run']['task']}"
     for corruption in result["corruptions"]:
         plots.residual_heatmap(result, corruption, out / f"residual_{corruption}.png",
@@ -136,6 +137,17 @@ def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_si
 
     write_model_card(run_dir)          # the card now carries the restoration scores and the label
     return result
+
+
+def _example(model, task, data) -> str:
+    """The first document as text with the model's answer (``decoded_example``), read by the task's
+    tokenizer (the one training saves beside the model)."""
+    from ..tasks.tokenizer import build_tokenizer
+    from ..training.evaluation import decoded_example
+
+    tokenizer = build_tokenizer(task)
+    doc = data.document(0)
+    return decoded_example(model, tokenizer, doc["input_ids"], doc["labels"])
 
 
 def format_score(value) -> str:

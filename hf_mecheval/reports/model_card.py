@@ -1,8 +1,10 @@
 """Model cards: a ``README.md`` with YAML metadata beside every saved model.
 
-Metadata: library name, tags, the task as dataset (with its config), a ``model-index`` with the
-test and validation accuracy and — once ``mecheval evaluate`` ran — the restoration scores at
-the last layer's input and the mechanism label. The text comes from ``model_card_template.md`` beside this file.
+Metadata: library name (transformers: the model loads with ``AutoModelForCausalLM`` and
+``trust_remote_code=True``, or without it once hf-mecheval is imported), the text-generation
+pipeline tag, tags, the task as dataset (with its config), a ``model-index`` with the test and
+validation accuracy and — once ``mecheval evaluate`` ran — the restoration scores at the last
+layer's input and the mechanism label. The text comes from ``model_card_template.md`` beside this file.
 """
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ from pathlib import Path
 from .run_files import interventions_path, read_finished_run, read_interventions, require_files
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
+# what `mecheval push` uploads: the model with its code, generation config and tokenizer; the card; the run's records
+HUB_FILES = ["config.json", "generation_config.json", "model.safetensors", "*.py", "tokenizer.json",
+             "tokenizer_config.json", "special_tokens_map.json", "README.md", "run.json", "metrics.json",
+             "interventions/*"]
 
 
 def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
@@ -48,7 +54,7 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
                      f"**{row['mechanism']}** ({row['confidence']} confidence) — {result['mechanism']['reason']}.")
     name = repo_id or run_dir.name
     data = ModelCardData(library_name="transformers", license="apache-2.0", model_name=name,
-                         tags=["hf-mecheval", "mechanistic-interpretability", model.get("model_type", ""),
+                         tags=["hf-mecheval", "mechanistic-interpretability", "custom_code", model.get("model_type", ""),
                                task["preset"]],
                          datasets=[dataset], metrics=["accuracy"], eval_results=results, pipeline_tag="text-generation",
                          **extra)
@@ -59,10 +65,24 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
         task_config=json.dumps(task["config"]), train_size=task.get("train_size"), dataset_seed=task.get("dataset_seed"),
         learning_rate=record["training"].get("learning_rate"), epochs=final.get("epochs"),
         seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
-        test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or str(run_dir))
+        test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or str(run_dir),
+        **_example(task))
     path = run_dir / "README.md"
     card.save(path)
     return path
+
+
+def _example(task_record: dict) -> dict:
+    """The card's example: the shortest of a few test documents of the run's task, as text."""
+    from ..tasks.presets import get_preset, task_from_dict
+
+    task = task_from_dict(get_preset(task_record["preset"]).task, task_record["config"])
+    data = task.generate(8, "test", task_record.get("dataset_seed", 0))
+    doc = data.document(int(data.lengths.argmin()))
+    names = task.token_names()
+    vocabulary = ", ".join(f"`{prefix}0`… ({name}s)" for name, prefix in task.token_prefixes.items())
+    return {"vocabulary": vocabulary, "example_prompt": " ".join(names[t] for t in doc["input_ids"][:doc["answer_pos"]]),
+            "example_answer": names[doc["answer"]]}
 
 
 def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
@@ -71,8 +91,31 @@ def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
 
     check_repo_id(repo_id)
     require_files(run_dir, ("config.json", "model.safetensors", "run.json", "metrics.json"))
+    complete_for_hub(run_dir)
     write_model_card(run_dir, repo_id)
     api = create_repo(repo_id, private=private, what=f"push {run_dir} to {repo_id}")
-    upload_folder(api, run_dir, repo_id, allow_patterns=["config.json", "model.safetensors", "README.md", "run.json",
-                                                         "metrics.json", "interventions/*"])
+    upload_folder(api, run_dir, repo_id, allow_patterns=HUB_FILES)
     return f"https://huggingface.co/{repo_id}"
+
+
+def complete_for_hub(run_dir: str | Path) -> None:
+    """What a checkpoint on the Hub needs besides the weights, for a run saved before hf-mecheval
+    wrote it: the model's code with the ``auto_map`` in config.json (``save_remote_code``), and
+    the tokenizer of the run's task."""
+    from transformers import AutoConfig
+
+    from ..models import auto_map, save_remote_code
+    from ..tasks.presets import get_preset, task_from_dict
+    from ..tasks.tokenizer import build_tokenizer
+
+    run_dir = Path(run_dir)
+    config = AutoConfig.from_pretrained(run_dir)
+    if getattr(config, "auto_map", None) != auto_map(type(config)):
+        config.auto_map = auto_map(type(config))
+        config.save_pretrained(run_dir)
+    save_remote_code(run_dir)
+    if not (run_dir / "tokenizer.json").exists():
+        record, _ = read_finished_run(run_dir)
+        task = task_from_dict(get_preset(record["task"]["preset"]).task, record["task"]["config"])
+        build_tokenizer(task).save_pretrained(run_dir)
+

@@ -65,8 +65,8 @@ def restoration_curves(history: list[dict], path: str | Path, title: str = "") -
     steps = [h["step"] for h in history]
     for key in sorted({k for h in history for k in h if k.startswith("restoration@")}):
         ax.plot(steps, [h.get(key) if h.get(key) is not None else np.nan for h in history], marker="o", label=key)
-    if any("accuracy" in h for h in history):
-        ax.plot(steps, [h.get("accuracy", np.nan) for h in history], "k--", label="accuracy")
+    if any("restoration_accuracy" in h for h in history):
+        ax.plot(steps, [h.get("restoration_accuracy", np.nan) for h in history], "k--", label="accuracy")
     ax.set_xlabel("training step")
     ax.set_ylabel("restoration")
     ax.set_ylim(-0.3, 1.1)

@@ -24,10 +24,9 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..training.run import is_finished
-from ..training.sweep import Sweep, launch, write_results
+from ..training.sweep import SWEEPS_DIR, Sweep, launch, write_results
 from .report import write_report
 
-SWEEPS_DIR = Path(__file__).resolve().parents[1] / "training" / "sweeps"   # package data: in the wheel too
 PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba": "ar_mamba_conv.yaml",
            "ablation-based": "ar_based_kernel.yaml", "atr-no-conv": "atr_no_conv.yaml",
            "cpu-ar": "cpu/ar.yaml", "cpu-ablations": "cpu/ablations.yaml", "cpu-atr": "cpu/atr.yaml",

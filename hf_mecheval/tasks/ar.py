@@ -85,6 +85,7 @@ class ARConfig(StrictConfig):
 
 class ARTask(Task):
     name = "ar"
+    token_prefixes = {"key": "k", "value": "v"}
     document_metadata = ("num_pairs",)
     token_metadata = ()
     chunk_size = 4096

@@ -88,6 +88,7 @@ class ATRConfig(StrictConfig):
 
 class ATRTask(Task):
     name = "atr"
+    token_prefixes = {"terminal": "t"}
     document_metadata = ()
     token_metadata = ("tree_parent",)
     chunk_size = 1024

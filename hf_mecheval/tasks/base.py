@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..resources import check_memory
 from . import seeding
-from .data import TaskData
+from .data import BOS, EOS, PAD, TaskData
 
 GENERATOR_VERSION = "1.0"
 # memory per token: generated (tokens, labels and per-token metadata as int32, the chunks and their
@@ -99,6 +99,21 @@ class Task(abc.ABC):
     def check_size(self, n: int) -> None:
         """Refuse, with the estimate, a number of documents that cannot fit in memory."""
         check_memory(f"{n:,} documents of {self.name}", {"documents": self.memory_estimate(n)})
+
+    token_prefixes: dict[str, str] = {}
+    """How each token class is written as text (``{"key": "k"}``: key 12 is ``k12``)."""
+
+    def token_names(self) -> list[str]:
+        """The text of every token id 0 .. vocab_size - 1 (a tokenizer's vocabulary): ``<pad>``,
+        ``<bos>``, ``<eos>``, then each class's tokens numbered from 0 (AR ``k0``…, ``v0``…; ATR
+        ``t0``…), and ``<unused0>``… for ids that no document uses."""
+        names = [None] * self.vocab_size
+        names[PAD], names[BOS], names[EOS] = "<pad>", "<bos>", "<eos>"
+        for name, ids in self.token_classes.items():
+            for i, token in enumerate(ids):
+                names[token] = f"{self.token_prefixes[name]}{i}"
+        unused = (i for i in range(self.vocab_size))
+        return [n if n is not None else f"<unused{next(unused)}>" for n in names]
 
     def token_class_of(self, token_id: int) -> tuple[str, range]:
         for name, ids in self.token_classes.items():

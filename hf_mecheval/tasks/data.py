@@ -166,6 +166,12 @@ class TaskData:
                 columns[name] = col.to_numpy().astype(np.int32)
         return TaskData(tokens, offsets, columns, token_columns)
 
+    @staticmethod
+    def from_dataset(dataset) -> "TaskData":
+        """A ``datasets.Dataset`` split of a task (``mecheval data publish``, the builders,
+        ``Task.dataset``), selections and shuffles included."""
+        return TaskData.from_arrow(dataset.with_format("arrow")[:])
+
     def features(self):
         """The typed ``datasets.Features`` of :meth:`to_arrow`'s table."""
         return features_for(

@@ -165,6 +165,17 @@ def regenerate_command(preset: str, seed: int, grammar_seed: int | None) -> str:
             + ("" if grammar_seed is None else f" --grammar-seed {grammar_seed}") + " --out FILE.parquet")
 
 
+# the Hub's size categories (dataset cards' `size_categories`): upper bounds and names
+SIZE_CATEGORIES = [(10**3, "n<1K"), (10**4, "1K<n<10K"), (10**5, "10K<n<100K"), (10**6, "100K<n<1M"),
+                   (10**7, "1M<n<10M"), (10**8, "10M<n<100M"), (10**9, "100M<n<1B"), (10**10, "1B<n<10B"),
+                   (10**11, "10B<n<100B"), (10**12, "100B<n<1T")]
+
+
+def size_category(rows: int) -> str:
+    """The Hub's size category of a dataset of ``rows`` rows (its largest configuration here)."""
+    return next((name for bound, name in SIZE_CATEGORIES if rows < bound), "n>1T")
+
+
 def dataset_card(entries: list[dict]) -> str:
     """README.md with the ``configs:`` YAML that ``load_dataset(folder, preset)`` reads; ``entries``
     as written to ``<preset>/card.json``."""
@@ -183,7 +194,7 @@ def dataset_card(entries: list[dict]) -> str:
         "task_categories": ["text-generation"],
         "tags": ["synthetic", "mechanistic-interpretability", "hf-mecheval"]
         + (["associative-recall"] if "ar" in tasks else []) + (["associative-treecall", "pcfg"] if "atr" in tasks else []),
-        "size_categories": ["100K<n<1M"] if max(sum(e["sizes"].values()) for e in entries) > 100_000 else ["n<100K"],
+        "size_categories": [size_category(max(sum(e["sizes"].values()) for e in entries))],
         "configs": configs,
     }
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", ""]

@@ -1,12 +1,6 @@
 """Trainer callbacks. ``RestorationCallback``: the intervention metric during training, so a user sees *when* a
-mechanism appears.
-
-Every ``every_n_steps`` steps (and at the end) it corrupts the key in a few validation documents,
-patches the residual stream entering the last layer at the key, value and query positions, and
-appends ``{"step", "accuracy", "restoration@key", "restoration@value", "restoration@query"}`` to
-the Trainer's log history (so to ``trainer_state.json``); at the end it writes
-``restoration_history.json`` in the output directory (``mecheval evaluate`` plots it).
-``WallClock``: training wall time across resumed segments (metrics.json's ``train_wall_seconds``).
+mechanism appears. ``WallClock``: training wall time across resumed segments (metrics.json's
+``train_wall_seconds``).
 """
 from __future__ import annotations
 
@@ -16,14 +10,67 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..interventions.grid import cell, run_grid
+from ..errors import MechEvalError
+from ..interventions.grid import POSITIONS, cell, run_grid
 from ..io_utils import write_text_atomic
+from ..tasks.corruption import corrupt
+from ..tasks.data import TaskData
+
+HISTORY_FILE = "restoration_history.json"
+MEASURED = ("restoration_accuracy", "restoration@key", "restoration@value", "restoration@query")
 
 
 class RestorationCallback(TrainerCallback):
-    def __init__(self, task, data, every_n_steps: int = 500):
-        self.task, self.data, self.every = task, data, every_n_steps
+    """Every ``every_n_steps`` steps (and at the end) corrupt the key in ``data``'s documents, patch
+    the residual stream entering the last layer at the key, value and query positions, and log
+    ``restoration@key``, ``restoration@value``, ``restoration@query`` (and the clean accuracy on
+    these documents, ``restoration_accuracy``) through ``Trainer.log``: they appear on the
+    console, in every ``report_to`` integration and in ``trainer_state.json``'s log history. At
+    the end, ``restoration_history.json`` in the output directory holds them all (``mecheval
+    evaluate`` plots it). In your own Trainer::
+
+        from hf_mecheval.training.callbacks import RestorationCallback
+        from hf_mecheval.training.data import PaddingCollator
+        trainer = Trainer(model=model, args=args, train_dataset=ds["train"], data_collator=PaddingCollator())
+        trainer.add_callback(RestorationCallback(trainer, "atr_easy", ds["validation"].select(range(256)),
+                                                 every_n_steps=200))
+
+    trainer: the Trainer it logs through (as TRL's callbacks take it). task: a preset name or a
+    ``Task`` (its token classes define the corruption). data: the documents, a ``datasets.Dataset``
+    split as ``mecheval data publish`` and the builders write it, or ``TaskData``. Everything is
+    checked here, not at step N: the columns, the token ids against the task and the model.
+    """
+
+    def __init__(self, trainer, task, data, every_n_steps: int = 500):
+        from ..tasks.presets import build_task
+
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise MechEvalError(f"every_n_steps must be a positive integer, got {every_n_steps!r}")
+        self.trainer, self.every = trainer, every_n_steps
+        self.task = build_task(task)
+        self.data = data if isinstance(data, TaskData) else TaskData.from_dataset(data)
+        self._check(getattr(trainer, "model", None))
         self.history: list[dict] = []
+
+    def _check(self, model) -> None:
+        data, task = self.data, self.task
+        if len(data) == 0:
+            raise MechEvalError("the restoration callback needs at least one document, got none")
+        for column in [f"{p}_pos" for p in POSITIONS] + ["answer"]:
+            if column not in data.columns:
+                raise MechEvalError(f"the documents have no {column} column (give a split of the task datasets)")
+        largest = int(data.tokens.max())
+        if largest >= task.vocab_size:
+            raise MechEvalError(f"the documents use token id {largest}, outside task {task.name}'s vocabulary of "
+                                f"{task.vocab_size}: they belong to another task")
+        vocab = getattr(getattr(model, "config", None), "vocab_size", task.vocab_size)
+        if vocab != task.vocab_size:
+            raise MechEvalError(f"the model's vocabulary has {vocab} tokens but task {task.name}'s has "
+                                f"{task.vocab_size}: the model was not built for this task")
+        for p in POSITIONS:
+            if (data.columns[f"{p}_pos"] >= data.lengths).any() or (data.columns[f"{p}_pos"] < 0).any():
+                raise MechEvalError(f"a {p}_pos lies outside its document")
+        corrupt(data.padded(), data.columns["key_pos"], task.token_classes, seed=0, lengths=data.lengths)   # raises if it cannot
 
     def measure(self, model, step: int) -> dict:
         model = getattr(model, "module", model)          # unwrap DDP
@@ -34,28 +81,31 @@ class RestorationCallback(TrainerCallback):
                           positions=("key", "value", "query"), n_resamples=0, progress=False,
                           keep_per_example=False)
         model.train(was_training)
-        entry = {"step": step, "accuracy": result["corruptions"]["key"]["clean_accuracy"]}
+        entry = {"step": step, "restoration_accuracy": result["corruptions"]["key"]["clean_accuracy"]}
         for p in ("key", "value", "query"):
             entry[f"restoration@{p}"] = cell(result, "key", site, p)["restoration"]
         self.history.append(entry)
+        # a score is None where the corruption left nothing to restore: not logged (reporters want numbers)
+        self.trainer.log({k: v for k, v in entry.items() if k != "step" and v is not None})
         return entry
 
     def on_train_begin(self, args, state, control, **kwargs):
         # a resumed run: the measurements made before its checkpoint are in the restored log history
-        self.history = [entry for entry in state.log_history if "restoration@value" in entry]
+        self.history = [{"step": e["step"], **{k: e.get(k) for k in MEASURED}}
+                        for e in state.log_history if "restoration_accuracy" in e]
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if self.every and state.global_step % self.every == 0 and state.is_world_process_zero:
-            state.log_history.append(self.measure(model, state.global_step))
+        if state.global_step % self.every == 0 and state.is_world_process_zero:
+            self.measure(model, state.global_step)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
             return
         if not self.history or self.history[-1]["step"] != state.global_step:
-            state.log_history.append(self.measure(model, state.global_step))
+            self.measure(model, state.global_step)
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / "restoration_history.json", json.dumps(self.history, indent=1) + "\n", overwrite=True)
+        write_text_atomic(out / HISTORY_FILE, json.dumps(self.history, indent=1) + "\n", overwrite=True)
 
 
 class WallClock(TrainerCallback):

@@ -108,3 +108,23 @@ def batch_collator(batch):
 
     return {"input_ids": torch.cat([pad(b["input_ids"], PAD) for b in batch]),
             "labels": torch.cat([pad(b["labels"], IGNORE_INDEX) for b in batch])}
+
+
+class PaddingCollator:
+    """``data_collator`` for a Trainer over the task datasets as ``datasets`` gives them (``mecheval
+    data publish``, the builders), whose documents differ in length (ATR): each batch's
+    ``input_ids`` right-padded with PAD, ``labels`` with IGNORE_INDEX, and the ``attention_mask``.
+    (The Trainer drops the other columns: the model's forward does not take them.)"""
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        width = max(len(f["input_ids"]) for f in features)
+
+        def pad(key: str, value: int) -> torch.Tensor:
+            return torch.tensor([list(f[key]) + [value] * (width - len(f[key])) for f in features])
+
+        batch = {"input_ids": pad("input_ids", PAD),
+                 "attention_mask": torch.tensor([[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"]))
+                                                 for f in features])}
+        if "labels" in features[0]:
+            batch["labels"] = pad("labels", IGNORE_INDEX)
+        return batch

@@ -29,3 +29,22 @@ def compute_answer_metrics(prediction) -> dict[str, float]:
     summary = np.asarray(prediction.predictions).reshape(-1, 3)
     return {"accuracy": float((summary[:, 0] == summary[:, 1]).mean()),
             "answer_prob": float(summary[:, 2].mean())}
+
+
+def decoded_example(model, tokenizer, input_ids, labels, longest: int = 48) -> str:
+    """One document as text with the model's answer, e.g. ``<bos> k8 v1 k3 v6 <eos> k3 -> v6
+    (answer v6: right)``: the document up to the query, then the token ``generate()`` adds.
+    input_ids, labels: (L,) one document, as the task datasets give them. Documents longer than
+    ``longest`` tokens are shown by their beginning and end."""
+    input_ids, labels = torch.as_tensor(input_ids), torch.as_tensor(labels)
+    answer_pos = int((labels != IGNORE_INDEX).nonzero()[0, 0])
+    prompt = input_ids[:answer_pos]
+    device = next(model.parameters()).device
+    predicted = int(model.generate(prompt[None].to(device), max_new_tokens=1, do_sample=False)[0, -1])
+    words = tokenizer.convert_ids_to_tokens(prompt.tolist())
+    if len(words) > longest:
+        words = words[: longest // 2] + ["…"] + words[-longest // 4:]
+    answer = int(labels[answer_pos])
+    name = tokenizer.convert_ids_to_tokens
+    return (f"{' '.join(words)} -> {name(predicted)} (answer {name(answer)}: "
+            f"{'right' if predicted == answer else 'wrong'})")

@@ -11,7 +11,9 @@ see ``run_dir.py``):
     run.json             every resolved argument, task and model configuration
     checkpoint-*/        Trainer checkpoints (--resume continues from the newest complete one,
                          if the run.json there has the fingerprint of the arguments given)
-    config.json, model.safetensors   the final model (AutoModelForCausalLM.from_pretrained(RUN_DIR))
+    config.json, model.safetensors   the final model (AutoModelForCausalLM.from_pretrained(RUN_DIR)),
+      *.py, generation_config.json   with its own code (trust_remote_code=True without hf-mecheval)
+    tokenizer.json, tokenizer_config.json   the task's vocabulary as text (AutoTokenizer, pipelines)
     trainer_state.json   the Trainer's state and log history
     metrics.json         validation history, final validation and test metrics; written last,
                          so its presence marks a finished run
@@ -40,11 +42,12 @@ from ..errors import MechEvalError
 from ..io_utils import loads_finite, locked_folder, refuse_non_finite, write_text_atomic
 from ..models import MODEL_CLASSES, build_model
 from ..tasks.presets import PRESETS, get_preset
+from ..tasks.tokenizer import build_tokenizer
 from .arguments import (DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, resolved_sizes,
                         validate)
 from .callbacks import WallClock
 from .data import EpochShuffleSampler, PaddedTaskDataset, batch_collator
-from .evaluation import answer_logits_summary, compute_answer_metrics
+from .evaluation import answer_logits_summary, compute_answer_metrics, decoded_example
 from .run_dir import (check_replaceable, check_same_run, checkpoint_problem, checkpoints, clear_run_dir, holds_files,
                       resume_checkpoint)
 
@@ -209,8 +212,12 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
         head = trainer.evaluate(splits["test_head"], metric_key_prefix="test_head")
         final.update(test_head_size=len(splits["test_head"]), test_head_accuracy=head["test_head_accuracy"])
     if trainer.is_world_process_zero():
+        test = splits["test"]
+        print(f"{run_dir.name}, test document 0: "
+              f"{decoded_example(trainer.model, trainer.processing_class, test.input_ids[0], test.labels[0])}",
+              file=sys.stderr)
         with saving(run_dir / "model.safetensors"):
-            trainer.save_model(str(run_dir))
+            trainer.save_model(str(run_dir))        # with the tokenizer (the Trainer's processing_class)
             trainer.save_state()
         history = [{k: v for k, v in entry.items()} for entry in trainer.state.log_history]
         metrics = {"final": final, "history": history}
@@ -244,16 +251,17 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
 
         clock = WallClock(checkpoint)
         callbacks = [clock, *callbacks]         # first: a callback that stops the run sees the time saved
+        trainer = MechEvalTrainer(
+            model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
+            processing_class=build_tokenizer(task), data_collator=batch_collator,
+            compute_metrics=compute_answer_metrics, preprocess_logits_for_metrics=answer_logits_summary,
+            callbacks=callbacks,
+        )
         if run_args.restoration_every_n_steps > 0:
             from .callbacks import RestorationCallback
 
             probe = task.generate(run_args.restoration_examples, "validation", data_args.dataset_seed)
-            callbacks.append(RestorationCallback(task, probe, run_args.restoration_every_n_steps))
-        trainer = MechEvalTrainer(
-            model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
-            data_collator=batch_collator, compute_metrics=compute_answer_metrics,
-            preprocess_logits_for_metrics=answer_logits_summary, callbacks=callbacks,
-        )
+            trainer.add_callback(RestorationCallback(trainer, task, probe, run_args.restoration_every_n_steps))
         run_trainer(trainer, checkpoint)
         return finish_run(trainer, splits, run_dir, clock.summary())
 
@@ -335,18 +343,28 @@ def as_flags(values: dict) -> list[str]:
 
 
 def invocation() -> str:
-    """How this process was started, as a command to type: ``python -m MODULE`` or the script."""
+    """How this process was started, as a command to type: ``python -m MODULE`` or ``python
+    SCRIPT``, under ``accelerate launch`` with its process count, CPU and precision flags."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name and spec.name != "__main__":
-        return f"python -m {spec.name.removesuffix('.__main__')}"
-    return sys.argv[0]
+        target = f"-m {spec.name.removesuffix('.__main__')}"
+    else:
+        target = shlex.quote(sys.argv[0])
+    if "ACCELERATE_MIXED_PRECISION" not in os.environ:          # set in every process accelerate launches
+        return f"python {target}"
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    flags = (["--multi_gpu"] if processes > 1 else []) + [f"--num_processes {processes}"]
+    flags += ["--cpu"] if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" else []
+    precision = os.environ["ACCELERATE_MIXED_PRECISION"]
+    flags += [f"--mixed_precision {precision}"] if precision != "no" else []
+    return " ".join(["accelerate launch", *flags, target])
 
 
 def this_command(argv: Sequence[str] | None = None, prog: str | None = None) -> str:
     """The command that started this training, to be typed again (command.txt): ``prog`` (e.g.
     ``mecheval train``, default: how this process was started) and the arguments (default: sys.argv's)."""
     argv = sys.argv[1:] if argv is None else argv
-    return " ".join([prog or shlex.quote(invocation()), *map(shlex.quote, argv)])
+    return " ".join([prog or invocation(), *map(shlex.quote, argv)])
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import loads_finite, locked_folder, read_json, write_text_atomic
 from ..models.stacked import StackedCausalLM
+from ..tasks.tokenizer import build_tokenizer
 from .arguments import validate
 from .callbacks import WallClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
@@ -371,7 +372,8 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
         record = {**records[member.name], "stack": {"dir": str(stack_dir), "copy": k, "size": K}}
         write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
         lone = MechEvalTrainer(model=model, args=t_args, eval_dataset=splits["validation"],
-                               data_collator=batch_collator, compute_metrics=compute_answer_metrics,
+                               processing_class=build_tokenizer(task), data_collator=batch_collator,
+                               compute_metrics=compute_answer_metrics,
                                preprocess_logits_for_metrics=answer_logits_summary)
         lone.state = dataclasses.replace(trainer.state, log_history=copy_history(trainer.state.log_history, k, K))
         extra = {"stack_size": K, **clock.summary()}      # the stack's wall time

@@ -1,7 +1,8 @@
 """Sweeps: a YAML file of run grids -> one run directory per run -> a results table.
 
-    mecheval sweep hf_mecheval/training/sweeps/ar_main.yaml                # local; --workers auto
-    mecheval sweep hf_mecheval/training/sweeps/ar_main.yaml --launcher ray          # several machines
+    mecheval sweep ar_main                     # a packaged sweep by name, local; --workers auto
+    mecheval sweep ar_main --launcher ray      # several machines
+    mecheval sweep my_sweep.yaml               # any sweep file
 
 Sweep file (unknown keys are errors)::
 
@@ -57,6 +58,22 @@ from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments,
 from .run import METRICS_FILE, as_flags, is_finished, parse, requested_record, resolve_run_args
 from .run_dir import check_same_run, checkpoint_problem, checkpoints
 
+SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"     # package data: in the wheel too
+
+
+def sweep_file(name: str | Path) -> Path:
+    """A sweep file's path: an existing file as given, else the packaged sweep of that name
+    (``ar_main`` -> ``hf_mecheval/training/sweeps/ar_main.yaml``, ``cpu/ar`` -> ``sweeps/cpu/ar.yaml``)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = SWEEPS_DIR / (str(name) if path.suffix in (".yaml", ".yml") else f"{name}.yaml")
+    if packaged.is_file():
+        return packaged
+    known = sorted(str(f.relative_to(SWEEPS_DIR).with_suffix("")) for f in SWEEPS_DIR.rglob("*.yaml"))
+    raise MechEvalError(f"no sweep file {name} and no packaged sweep of that name; packaged: {', '.join(known)}")
+
+
 RUN_FIELDS = {f.name for cls in (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
               for f in dataclasses.fields(cls)} - {"output_dir", "resume", "overwrite"}
 SELECTION_FIELDS = ("learning_rate", "seed")
@@ -86,6 +103,8 @@ class Sweep:
 
     @staticmethod
     def load(path: str | Path) -> "Sweep":
+        """A sweep file, or a packaged sweep by name (``ar_main``, ``cpu/ar``; see ``sweep_file``)."""
+        path = sweep_file(path)
         try:
             spec = yaml.safe_load(Path(path).read_text())
         except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:

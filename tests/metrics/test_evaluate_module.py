@@ -1,12 +1,18 @@
-"""The restoration metric through `evaluate.load` of the local module (no Hub)."""
+"""The restoration metric through `evaluate.load` of the module installed with the package (no Hub)."""
 from pathlib import Path
 
 import evaluate
 import pytest
 
-from hf_mecheval.metrics import summarize_restoration
+from hf_mecheval.metrics import interchange_restoration_path, summarize_restoration
 
-MODULE = Path(__file__).resolve().parents[2] / "evaluation" / "interchange_restoration"
+MODULE = Path(interchange_restoration_path())
+
+
+def test_the_module_is_package_data_and_the_clone_path_reaches_it():
+    assert MODULE.parent.name == "metrics" and (MODULE / "interchange_restoration.py").is_file()
+    clone = Path(__file__).resolve().parents[2] / "evaluation" / "interchange_restoration"
+    assert clone.resolve() == MODULE.resolve()
 
 
 def test_evaluate_load_by_path_matches_the_library():

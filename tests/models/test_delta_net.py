@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from hf_mecheval.models.configuration_mecheval import DeltaNetConfig
-from hf_mecheval.models.mixers.delta_net import (
-    DeltaNetMixer, delta_rule_chunked, delta_rule_recurrent, delta_rule_rerun,
+from hf_mecheval.models.sites import rerun_from_patched_states
+from hf_mecheval.models.mixer_delta_net import (
+    DeltaNetMixer, delta_rule_chunked, delta_rule_recurrent, delta_rule_transition,
 )
 
 
@@ -54,10 +55,10 @@ def test_replay_without_patch_is_identity_and_patch_propagates():
     q, k, v, beta = _inputs()
     _, states = delta_rule_recurrent(q, k, v, beta, return_states=True)
     states = states.transpose(1, 2)                                   # (B, L, H, dk, dv)
-    assert torch.equal(delta_rule_rerun(states, states.clone(), k, beta), states)
+    assert torch.equal(rerun_from_patched_states(states, states.clone(), delta_rule_transition(k, beta)), states)
     patched = states.clone()
     patched[:, 4] = 0.0
-    out = delta_rule_rerun(states, patched, k, beta)
+    out = rerun_from_patched_states(states, patched, delta_rule_transition(k, beta))
     assert torch.equal(out[:, :4], states[:, :4])
     assert torch.equal(out[:, 4], patched[:, 4])
     # after the patch the recurrence restarts from zero at position 5

@@ -5,8 +5,8 @@ import torch
 
 from hf_mecheval.models import build_model
 from hf_mecheval.models.configuration_mecheval import H3Config, HyenaConfig
-from hf_mecheval.models.mixers.h3 import H3
-from hf_mecheval.models.mixers.hyena import HyenaOperator
+from hf_mecheval.models.mixer_h3 import H3
+from hf_mecheval.models.mixer_hyena import HyenaOperator
 
 D, L, B = 8, 24, 2  # L > d_state so every shift-SSM tap is used
 
@@ -123,7 +123,7 @@ def test_h3_kernel_by_repeated_products_equals_closed_form(L):
 
 
 def test_power_sum_taps_gradients():
-    from hf_mecheval.models.mixers.h3 import PowerSumTaps
+    from hf_mecheval.models.mixer_h3 import PowerSumTaps
 
     g = torch.Generator().manual_seed(0)
     for L in (1, 2, 9):

@@ -3,7 +3,7 @@ readable reference."""
 import torch
 
 from hf_mecheval.models import build_model
-from hf_mecheval.models.mixers.mamba import (LinearScan, ScanWorkspace, selective_scan, selective_scan_at,
+from hf_mecheval.models.mixer_mamba import (LinearScan, ScanWorkspace, selective_scan, selective_scan_at,
                                              selective_scan_reference)
 
 

@@ -25,6 +25,9 @@ def test_card_is_written_after_training(run_dir):
     card = ModelCard.load(run_dir / "README.md")
     final = json.loads((run_dir / "metrics.json").read_text())["final"]
     assert card.data.library_name == "transformers" and "mecheval-h3" in card.data.tags
+    assert card.data.pipeline_tag == "text-generation" and "custom_code" in card.data.tags
+    assert 'pipeline("text-generation"' in card.text and "trust_remote_code=True" in card.text
+    assert "<bos> t" in card.text                   # an example document as text
     results = card.data.eval_results
     test = next(r for r in results if r.dataset_split == "test" and r.metric_type == "accuracy")
     assert test.metric_value == final["test_accuracy"] and test.dataset_config == "atr_easy"
@@ -70,10 +73,25 @@ def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
     pushed = hub / "mecheval" / "h3-atr-easy"
     assert not [p for p in pushed.rglob("*.tmp")]
     assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in pushed.iterdir()}
+    # a run saved before runs carried their code and tokenizer: push adds them
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old)
+    for path in list(old.glob("*.py")) + list(old.glob("tokenizer*")):
+        path.unlink()
+    config = json.loads((old / "config.json").read_text())
+    del config["auto_map"]
+    (old / "config.json").write_text(json.dumps(config))
+    assert mecheval(["push", str(old), "mecheval/h3-atr-easy"]) == 0
+    assert {"config.json", "generation_config.json", "model.safetensors", "README.md", "modeling_mecheval.py",
+            "mixer_h3.py", "tokenizer.json"} <= {p.name for p in pushed.iterdir()}
+    assert "auto_map" in json.loads((pushed / "config.json").read_text())
     assert "mecheval/h3-atr-easy" in (pushed / "README.md").read_text()
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, pipeline
 
     assert AutoModelForCausalLM.from_pretrained(pushed).config.model_type == "mecheval-h3"
+    # text in, text out, as the model card shows it
+    out = pipeline("text-generation", model=str(pushed))("<bos> t3 t5 t3 <eos> t5")[0]["generated_text"]
+    assert out.startswith("<bos> t3 t5 t3 <eos> t5 ") and len(out.split()) == 7      # one answer token
 
 
 def test_card_needs_a_finished_run(tmp_path):

@@ -41,6 +41,7 @@ def test_published_folder_loads_with_load_dataset(tmp_path):
                          progress=False)
     card = (folder / "README.md").read_text()
     assert "config_name: atr_easy" in card and "path: atr_easy/train-*.parquet" in card
+    assert "size_categories:\n- n<1K\n" in card                # 280 rows per configuration
     for preset in ("ar_32", "atr_easy"):
         ds = datasets.load_dataset(str(folder), preset, cache_dir=str(tmp_path / "cache"))
         assert set(ds) == {"train", "validation", "test"}
@@ -100,3 +101,10 @@ def test_publishing_more_presets_keeps_the_card_whole_and_never_replaces_a_forei
         assert len(datasets.load_dataset(str(folder), preset, split="train")) == 8
     card = (folder / "README.md").read_text()
     assert "## `ar_32`" in card and "## `atr_easy`" in card and "--seed 3 --grammar-seed 0" in card
+
+
+def test_size_categories_are_the_hubs():
+    from hf_mecheval.tasks.publish import size_category
+
+    assert [size_category(n) for n in (999, 1_000, 50_000, 102_080, 120_064, 10**6, 10**13)] == [
+        "n<1K", "1K<n<10K", "10K<n<100K", "100K<n<1M", "100K<n<1M", "1M<n<10M", "n>1T"]

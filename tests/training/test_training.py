@@ -25,16 +25,35 @@ def run_args(tmp, *extra):
     return TINY_AR + ["--output_dir", str(tmp), *extra]
 
 
-def test_tiny_ar_is_learned_by_the_transformer(tmp_path):
+def test_tiny_ar_is_learned_by_the_transformer(tmp_path, capfd):
     # 16 000 documents x 10 epochs = 5 000 steps: about 20 s on two cores
     argv = run_args(tmp_path / "run", "--train_size", "16000", "--eval_size", "500", "--num_train_epochs", "10",
                     "--learning_rate", "3e-4", "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1000")
     assert main(argv) == 0
+    # the run prints a test document as text, with the model's answer
+    example = next(line for line in capfd.readouterr().err.splitlines() if "test document 0:" in line)
+    assert example.startswith("run, test document 0: <bos> k") and example.endswith(": right)")
+    # text in, text out: the pipeline over the run directory answers as the paper's documents read
+    from transformers import pipeline
+
+    from hf_mecheval.tasks import build_task
+
+    doc = build_task("ar_32", num_kv=16, num_pairs=2).generate(20, "test", seed=7)
+    generate = pipeline("text-generation", model=str(tmp_path / "run"))
+    names = generate.tokenizer.convert_ids_to_tokens
+    right = 0
+    for i in range(len(doc)):
+        d = doc.document(i)
+        prompt = " ".join(names(d["input_ids"][:d["answer_pos"]]))
+        out = generate(prompt)[0]["generated_text"]
+        right += out == f"{prompt} {names(d['answer'])}"
+    assert right >= 19
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["final"]["test_accuracy"] >= 0.95
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
     assert model.config.model_type == "mecheval-transformer"
-    for name in ("command.txt", "run.json", "config.json", "model.safetensors", "trainer_state.json"):
+    for name in ("command.txt", "run.json", "config.json", "model.safetensors", "trainer_state.json",
+                 "tokenizer.json", "generation_config.json", "modeling_mecheval.py"):
         assert (tmp_path / "run" / name).exists()
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["training"]["lr_scheduler_type"] == "cosine" and record["training"]["warmup_steps"] == 0.1
@@ -199,6 +218,9 @@ def test_two_processes_through_accelerate_launch(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["final"]["world_size"] == 2
+    # command.txt: the launch to type again
+    assert (run / "command.txt").read_text().startswith(
+        f"accelerate launch --multi_gpu --num_processes 2 {REPO / 'training' / 'train.py'} --task ar_32 ")
     model = AutoModelForCausalLM.from_pretrained(run)
     assert isinstance(model, torch.nn.Module)
 
@@ -229,6 +251,14 @@ def test_gradient_accumulation_logs_the_same_loss(tmp_path):
     for name, flags in (("whole", ["--per_device_train_batch_size", "32"]),
                         ("halves", ["--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "2"])):
         assert main(run_args(tmp_path / name, *SHORT, "--max_steps", "2", "--logging_steps", "1", *flags)) == 0
+        logged.append([loss for _, loss in losses(tmp_path / name)])
+    assert logged[0] == pytest.approx(logged[1], rel=1e-5)
+
+
+def test_gradient_checkpointing_flag_trains_the_same(tmp_path):
+    logged = []
+    for name, flags in (("plain", []), ("checkpointed", ["--gradient_checkpointing", "true"])):
+        assert main(run_args(tmp_path / name, *SHORT, "--max_steps", "3", "--logging_steps", "1", *flags)) == 0
         logged.append([loss for _, loss in losses(tmp_path / name)])
     assert logged[0] == pytest.approx(logged[1], rel=1e-5)
 

@@ -10,7 +10,9 @@ recurrent view keeps the running state S_t = sum_{s<=t} phi(k_s) v_s^T (features
 and the normaliser z_t = sum_{s<=t} phi(k_s); both views are tested equal. The ``state`` site
 shows the two together, [S_t | z_t] = sum_{s<=t} phi(k_s) [v_s, 1]^T, so a patch of the state
 replaces the normaliser too (else the output would mix a clean numerator with a corrupted
-denominator). q/k/v/out projections have no bias (as in the reference)."""
+denominator). q/k/v/out projections have no bias (as in the reference). A padded key contributes
+nothing, to the normaliser neither: phi(k) has a constant feature, so zeroing the layer's input is
+not enough and the keys' features are masked."""
 from __future__ import annotations
 
 import math
@@ -18,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from ..sites import Site, rerun_from_patched_states
+from .sites import Site, through_state_site
 
 EPS = 1e-12
 
@@ -49,33 +51,37 @@ class BasedLinearAttention(nn.Module):
         v = self.v_proj(x).view(B, L, self.H, self.head_dim).transpose(1, 2)
         return q, k, v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, L, D = x.shape
         q, k, v = self._qkv(x)
         if self.state.wanted():
-            y = self._recurrent_view(q, k, v)
+            y = self._recurrent_view(q, k, v, mask)
         else:
             s = q @ k.transpose(-1, -2) / math.sqrt(self.F)                # (B, H, L, L): q·k / sqrt(F)
             a = (1 + s + 0.5 * s * s).tril()                                # phi(q)·phi(k), causal
+            if mask is not None:
+                a = a * mask[:, None, None, :].to(a.dtype)                  # padded keys: no weight
             y = (a @ v) / (a.sum(-1, keepdim=True) + EPS)                   # (B, H, L, hd)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
 
-    def _recurrent_view(self, q, k, v) -> torch.Tensor:
+    def _recurrent_view(self, q, k, v, mask=None) -> torch.Tensor:
         """Outputs through the explicit state trajectory (what the ``state`` site shows)."""
         fq, fk = self.feature_map(q), self.feature_map(k)                  # (B, H, L, f)
+        if mask is not None:
+            fk = fk * mask[:, None, :, None].to(fk.dtype)                   # a padded key adds nothing
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)            # [v, 1]: (B, H, L, hd+1)
         states = (fk[..., :, None] * v1[..., None, :]).cumsum(2).transpose(1, 2)   # [S | z]: (B, L, H, f, hd+1)
-        patched = self.state(states)
-        if patched is not states:                                            # S_t = S_{t-1} + ...: carry the patch
-            patched = rerun_from_patched_states(states, patched, lambda t, e: e)
-        out = (fq[..., None, :] @ patched.transpose(1, 2)).squeeze(-2)     # (B, H, L, hd+1)
+        states = through_state_site(self.state, states, lambda t, e: e)     # S_t = S_{t-1} + ...: carry a patch
+        out = (fq[..., None, :] @ states.transpose(1, 2)).squeeze(-2)      # (B, H, L, hd+1)
         return out[..., :-1] / (out[..., -1:] + EPS)                        # numerator / normaliser
 
-    def step(self, x_t: torch.Tensor, state):
+    def step(self, x_t: torch.Tensor, state, mask: torch.Tensor | None = None):
         """state: (S (B, H, f, hd), z (B, H, f))."""
         B, D = x_t.shape
         q, k, v = (t[:, :, 0] for t in self._qkv(x_t[:, None]))              # (B, H, F|hd)
         fq, fk = self.feature_map(q), self.feature_map(k)
+        if mask is not None:
+            fk = fk * mask[:, None, None].to(fk.dtype)                         # a padded key adds nothing
         if state is None:
             S = fk[..., :, None] * v[..., None, :]
             z = fk

@@ -10,7 +10,7 @@ The scan runs as a custom autograd function with hand-written forward and backwa
 time, in place on reused buffers (no per-step autograd graph): at these lengths that is the
 fastest PyTorch form on a CPU. The ``state`` site is computed only when someone listens (a hook,
 or ``materialize_sites(True)``): then the state trajectory goes through the Site, where a patch
-is carried to later positions (``LinearScan`` and ``rerun_from_patched_states``). On the
+is carried to later positions (``LinearScan`` and ``through_state_site``). On the
 answer-only training path the last layer needs y at the answer only, which has a closed form
 (``SelectiveScanAt``).
 """
@@ -22,10 +22,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .. import kernels
-from ..convolutions import ShortConv
-from ..sites import Site, rerun_from_patched_states
-from . import at_positions, fold_copies
+from .kernels import mamba_kernels, use_kernels
+from .convolutions import ShortConv
+from .sites import Site, through_state_site
+from .mixers import at_positions, fold_copies, zero_padding
 
 
 def selective_scan_reference(x, dt, A, B, C):
@@ -326,10 +326,13 @@ class MambaMixer(nn.Module):
         dt = dt.clamp(min=c.dt_init_floor)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
-    def _activated_x(self, x: torch.Tensor) -> torch.Tensor:
+    def _activated_x(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        # padding is zeroed before the convolution (its window) and after it (the SSM's input, which
+        # the convolution's bias makes non-zero): a zero input leaves the state untouched
+        x = zero_padding(x, mask)
         if self.conv is None:
             return F.silu(x)
-        return self.conv_output(F.silu(self.conv(x)))
+        return zero_padding(self.conv_output(F.silu(self.conv(x))), mask)
 
     def _ssm_inputs(self, x: torch.Tensor):
         # x: (..., E) -> dt (..., E), B (..., N), C (..., N)
@@ -338,17 +341,17 @@ class MambaMixer(nn.Module):
 
     accepts_keep = True
 
-    def forward(self, u: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """u (B, L, D) -> (B, L, D); with keep (B, k) positions (the answer-only training path),
         the output at those positions only, (B, k, D)."""
         fast = not self.state.wanted()
-        if fast and kernels.use_kernels("mamba", self.config.kernels, u.device):
-            y = self._forward_cuda(u)
+        if fast and use_kernels("mamba", self.config.kernels, u.device):
+            y = self._forward_cuda(u, mask)
             return y if keep is None else at_positions(y, keep)
         if keep is not None and fast:
-            return self._forward_at(u, keep)
+            return self._forward_at(u, keep, mask)
         x, z = self.in_proj(u).chunk(2, dim=-1)                               # (B, L, E) each
-        x = self._activated_x(x)
+        x = self._activated_x(x, mask)
         dt, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)                                             # (E, N)
         if fast:
@@ -356,45 +359,49 @@ class MambaMixer(nn.Module):
         else:  # the state trajectory goes through its Site, where it may be read or patched
             dA = torch.exp(dt[..., None] * A)                                  # (B, L, E, N)
             H = linear_scan(dA, (dt * x)[..., None] * B[:, :, None, :])
-            patched = self.state(H)
-            if patched is not H:
-                H = rerun_from_patched_states(H, patched, lambda t, e: dA[:, t] * e)
+            H = through_state_site(self.state, H, lambda t, e: dA[:, t] * e)
             y = (H @ C[..., None])[..., 0]                                     # C_t · h_t, (B, L, E)
         out = self.out_proj((y + self.D * x) * F.silu(z))
         return out if keep is None else at_positions(out, keep)
 
-    def _forward_at(self, u: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def _forward_at(self, u: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # the convolution and the SSM inputs are needed everywhere, the gate and output at keep only
         w_x, w_z = self.in_proj.weight.chunk(2, dim=0)                         # (E, D) each
-        x = self._activated_x(F.linear(u, w_x))                                # (B, L, E)
+        x = self._activated_x(F.linear(u, w_x), mask)                          # (B, L, E)
         z = F.linear(at_positions(u, keep), w_z)                               # (B, k, E)
         dt, B, C = self._ssm_inputs(x)
         y = selective_scan_at(x, dt, -torch.exp(self.A_log), B, C, keep, self._workspace)   # (B, k, E)
         return self.out_proj((y + self.D * at_positions(x, keep)) * F.silu(z))
 
-    def _forward_cuda(self, u: torch.Tensor) -> torch.Tensor:
-        selective_scan_fn, causal_conv1d_fn = kernels.mamba_kernels()
+    def _forward_cuda(self, u: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        selective_scan_fn, causal_conv1d_fn = mamba_kernels()
         x, z = self.in_proj(u).transpose(1, 2).chunk(2, dim=1)                 # (B, E, L)
+        channels_mask = None if mask is None else mask[:, None, :].to(x.dtype)  # as in _activated_x
+        if channels_mask is not None:
+            x = x * channels_mask
         if self.conv is None:
             x = F.silu(x)
         else:
             x = causal_conv1d_fn(x, self.conv.weight[:, 0], self.conv.bias, activation="silu")
             x = self.conv_output(x.transpose(1, 2)).transpose(1, 2)
+            if channels_mask is not None:
+                x = x * channels_mask
         dt, B, C = self.x_proj(x.transpose(1, 2)).split([self.R, self.N, self.N], dim=-1)
         dt = self.dt_proj(dt).transpose(1, 2)                                  # (B, E, L), softplus in kernel
         y = selective_scan_fn(x, dt, -torch.exp(self.A_log.float()), B.transpose(1, 2), C.transpose(1, 2),
                               self.D.float(), z=z, delta_bias=self.dt_bias.float(), delta_softplus=True)
         return self.out_proj(y.transpose(1, 2))
 
-    def step(self, u_t: torch.Tensor, state):
+    def step(self, u_t: torch.Tensor, state, mask: torch.Tensor | None = None):
         """state: (conv window (B, K-1, E) or None, h (B, E, N))."""
         window, h = (None, None) if state is None else state
         x, z = self.in_proj(u_t).chunk(2, dim=-1)                              # (B, E)
+        x = zero_padding(x, mask)                                              # as in _activated_x
         if self.conv is None:
             x = F.silu(x)
         else:
             x, window = self.conv.step(x, window)
-            x = F.silu(x)
+            x = zero_padding(F.silu(x), mask)
         dt, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)
         dBx = (dt * x)[..., None] * B[:, None, :]

@@ -33,9 +33,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..convolutions import ShortConv, causal_conv
-from ..sites import Site, rerun_from_patched_states
-from . import at_positions, fold_copies
+from .convolutions import ShortConv, causal_conv
+from .sites import Site, through_state_site
+from .mixers import at_positions, fold_copies, zero_padding
 
 
 class PowerSumTaps(torch.autograd.Function):
@@ -187,21 +187,18 @@ class H3(nn.Module):
         """The diagonal SSM through its explicit state trajectory, so it can be read and patched."""
         a, b, C, D = self._expanded()
         h = self._scan(u, a, b)                           # (B, L, C, N)
-        patched = self.state(h)
-        if patched is not h:
-            # An element counts as patched where it differs from the computed state; re-run the
-            # recurrence so the patch propagates to later positions of this layer. (A hook that edits
-            # the states in place and returns None is not seen as a patch: return a new tensor.)
-            h = rerun_from_patched_states(h, patched, lambda t, e: a * e)
+        # a patched element propagates to later positions of this layer along the recurrence
+        h = through_state_site(self.state, h, lambda t, e: a * e)
         return (h * C).sum(-1) + D * u                    # (B, L, D*P)
 
     accepts_keep = True
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, L, D) -> (B, L, D); with keep (B, k) positions (the answer-only training path,
-        nothing observing the layer), the output at those positions only, (B, k, D)."""
+        nothing observing the layer), the output at those positions only, (B, k, D). Padded keys
+        are zeroed before the shift SSM (k_proj has a bias), so their outer products are zero."""
         L = x.shape[1]
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)              # (B, L, D)
+        q, k, v = self.q_proj(x), zero_padding(self.k_proj(x), mask), self.v_proj(x)   # (B, L, D)
         k = self.conv_output(causal_conv(k, self.shift_kernel(L)))             # (B, L, D)
         u = self._outer(k, v)                                                  # (B, L, C)
         if self.state.wanted():
@@ -220,10 +217,10 @@ class H3(nn.Module):
 
     # --- recurrent form -----------------------------------------------------------------------
 
-    def step(self, x_t: torch.Tensor, state=None):
+    def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):
         """x_t: (B, D). state = (shift register (B, N-1, D), SSM state (B, C, N)) or None."""
         window, h = (None, None) if state is None else state
-        q, k, v = self.q_proj(x_t), self.k_proj(x_t), self.v_proj(x_t)       # (B, D)
+        q, k, v = self.q_proj(x_t), zero_padding(self.k_proj(x_t), mask), self.v_proj(x_t)   # (B, D)
         k, window = self.shift.step(k, window)
         u = self._outer(k, v)                                                  # (B, C)
         a, b, C, D = self._expanded()

@@ -1,7 +1,8 @@
 """Interchange-intervention restoration as an `evaluate` metric.
 
     import evaluate
-    metric = evaluate.load("evaluation/interchange_restoration")
+    from hf_mecheval.metrics import interchange_restoration_path
+    metric = evaluate.load(interchange_restoration_path())     # this folder, installed with hf-mecheval
     metric.compute(p_clean=[...], p_corrupt=[...], p_patched=[...], threshold=0.01)
 
 The computation is ``hf_mecheval.metrics.summarize_restoration`` (see the metric card).
@@ -28,7 +29,7 @@ Returns:
     restoration (float or None), restoration_ci ([low, high] or None), normalized_mean (float or None),
     normalized_ci ([low, high] or None), normalized_examples (int), p_patched_mean (float).
 Examples:
-    >>> metric = evaluate.load("evaluation/interchange_restoration")
+    >>> metric = evaluate.load(interchange_restoration_path())
     >>> round(metric.compute(p_clean=[0.9, 0.7], p_corrupt=[0.1, 0.3], p_patched=[0.5, 0.5])["restoration"], 6)
     0.5
 """

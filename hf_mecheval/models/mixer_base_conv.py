@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..convolutions import ImplicitFilter, ShortConv, causal_conv
-from ..sites import Site
+from .convolutions import ImplicitFilter, ShortConv, causal_conv
+from .mixers import zero_padding
+from .sites import Site
 
 
 class BaseConv(nn.Module):
@@ -31,17 +32,18 @@ class BaseConv(nn.Module):
             return causal_conv(u, self.filter(u.shape[1])) + self.conv_bias
         return self.conv(u)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        # u: (B, L, D)
-        return self.conv_output(self._conv(u)) * self.projection(u) + u
+    def forward(self, u: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        # u: (B, L, D); the convolution is all that mixes along the sequence
+        return self.conv_output(self._conv(zero_padding(u, mask))) * self.projection(u) + u
 
-    def step(self, u_t: torch.Tensor, state):
+    def step(self, u_t: torch.Tensor, state, mask: torch.Tensor | None = None):
         """state: short conv -> its input window; long conv -> all inputs so far (B, t, D)."""
+        conv_in = zero_padding(u_t, mask)
         if self.long:
-            history = u_t[:, None] if state is None else torch.cat([state, u_t[:, None]], dim=1)
+            history = conv_in[:, None] if state is None else torch.cat([state, conv_in[:, None]], dim=1)
             kernel = self.filter(history.shape[1]).flip(-1)                # (D, t): tap for each past step
             c = (history * kernel.T).sum(1) + self.conv_bias
             state = history
         else:
-            c, state = self.conv.step(u_t, state)
+            c, state = self.conv.step(conv_in, state)
         return c * self.projection(u_t) + u_t, state

@@ -8,14 +8,17 @@
 The long filter h (D, L) comes from :class:`ImplicitFilter` (positional MLP with sine activations
 and an exponential decay window). The recurrent form keeps the short conv's window and the whole
 history of gated v: the filter is as long as the sequence, so each step convolves the history.
+Padding is zeroed where it enters each convolution: the short conv's input (in_proj has a bias)
+and the gated v (the short conv's bias makes it non-zero at padded positions).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..convolutions import ImplicitFilter, ShortConv, causal_conv
-from ..sites import Site
+from .convolutions import ImplicitFilter, ShortConv, causal_conv
+from .mixers import zero_padding
+from .sites import Site
 
 
 class HyenaOperator(nn.Module):
@@ -34,20 +37,20 @@ class HyenaOperator(nn.Module):
         self.out_proj = nn.Linear(D, D)
         self.conv_output = Site("short-conv output, (batch, length, 3 * hidden) = (x0, x1, v)")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         L = x.shape[1]
-        z = self.conv_output(self.short_conv(self.in_proj(x)))   # (B, L, 3D)
+        z = self.conv_output(self.short_conv(zero_padding(self.in_proj(x), mask)))   # (B, L, 3D)
         x0, x1, v = z.chunk(3, dim=-1)                           # (B, L, D) each
-        v = v * x1
+        v = zero_padding(v * x1, mask)
         v = causal_conv(v, self.filter(L)) + self.bias * v       # filter: (D, L)
         return self.out_proj(v * x0)
 
-    def step(self, x_t: torch.Tensor, state=None):
+    def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):
         """x_t: (B, D). state = (short-conv window (B, K-1, 3D), gated-v history (B, t, D)) or None."""
         window, history = (None, None) if state is None else state
-        z, window = self.short_conv.step(self.in_proj(x_t), window)  # (B, 3D)
+        z, window = self.short_conv.step(zero_padding(self.in_proj(x_t), mask), window)  # (B, 3D)
         x0, x1, v = z.chunk(3, dim=-1)
-        v = v * x1                                                     # (B, D)
+        v = zero_padding(v * x1, mask)                                 # (B, D)
         history = v[:, None] if history is None else torch.cat([history, v[:, None]], dim=1)  # (B, t+1, D)
         t = history.shape[1]
         h = self.filter(t).flip(-1)                                    # (D, t): column s = tap for lag t-1-s

@@ -20,7 +20,7 @@ Two computations of the delta rule, tested against each other:
   ("Parallelizing Linear Transformers with the Delta Rule over Sequence Length"), the training
   path of ``forward``;
 and, when the ``state`` site is observed, the loop's trajectory goes through the site and a
-patch at position p is carried to later positions (``rerun_from_patched_states``; the delta rule
+patch at position p is carried to later positions (``through_state_site``; the delta rule
 is linear in S: S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T).
 """
 from __future__ import annotations
@@ -29,9 +29,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .. import kernels
-from ..convolutions import ShortConv
-from ..sites import Site, rerun_from_patched_states
+from .kernels import delta_rule_kernel, use_kernels
+from .convolutions import ShortConv
+from .mixers import zero_padding
+from .sites import Site, through_state_site
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,18 +125,17 @@ def delta_rule_chunked(q, k, v, beta, chunk_size: int, initial_state=None):
     return o, S
 
 
-def delta_rule_rerun(states, patched, k, beta):
-    """Trajectory after a state patch (see ``rerun_from_patched_states``): the homogeneous part of
-    the delta rule maps a state difference e to (I - beta_t k_t k_t^T) e.
-
-    states, patched: (B, L, H, dk, dv); k: (B, H, L, dk); beta: (B, H, L)."""
+def delta_rule_transition(k, beta):
+    """The homogeneous part of the delta rule, for carrying a state patch along
+    (``rerun_from_patched_states``): it maps a state difference e to (I - beta_t k_t k_t^T) e.
+    k: (B, H, L, dk); beta: (B, H, L); e: (B, H, dk, dv)."""
 
     def transition(t, e):
         k_t = k[:, :, t]                                                 # (B, H, dk)
         ke = torch.einsum("bhk,bhkv->bhv", k_t, e)                      # k^T e: (B, H, dv)
         return e - beta[:, :, t, None, None] * k_t[..., :, None] * ke[..., None, :]
 
-    return rerun_from_patched_states(states, patched, transition)
+    return transition
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -153,6 +153,9 @@ class DeltaNetMixer(nn.Module):
     Without short convolutions (``use_short_conv=False``) SiLU is applied to q and k only and v
     stays linear (a choice made for this package; some flash-linear-attention versions apply
     SiLU to v there too).
+
+    Padding: nothing here has a bias, so a zero input gives k = 0 (and q = v = 0) through the
+    convolutions, and a zero key leaves the state unchanged; zeroing the layer's input is enough.
     """
 
     def __init__(self, config, layer_idx: int):
@@ -191,9 +194,10 @@ class DeltaNetMixer(nn.Module):
 
     # full sequence ----------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # x: (B, L, D)
         B, L, D = x.shape
+        x = zero_padding(x, mask)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)        # (B, L, D) each
         if self.use_short_conv:
             q = F.silu(self.q_conv1d(q))
@@ -209,13 +213,11 @@ class DeltaNetMixer(nn.Module):
             # materialise S_t for every t so it can be read or patched
             _, states = delta_rule_recurrent(q, k, v, beta, return_states=True)
             states = states.transpose(1, 2)                              # (B, L, H, dk, dv)
-            patched = self.state(states)
-            if patched is not states:                                    # a hook replaced it
-                patched = delta_rule_rerun(states, patched, k, beta)
-            o = torch.einsum("blhkv,bhlk->bhlv", patched, q)             # o_t = S_t^T q_t
-        elif kernels.use_kernels("delta_net", self.kernels, x.device):
+            states = through_state_site(self.state, states, delta_rule_transition(k, beta))
+            o = torch.einsum("blhkv,bhlk->bhlv", states, q)              # o_t = S_t^T q_t
+        elif use_kernels("delta_net", self.kernels, x.device):
             # flash-linear-attention takes (B, L, H, d); scale 1 = this module's o_t = S_t^T q_t
-            chunk_delta_rule = kernels.delta_rule_kernel()
+            chunk_delta_rule = delta_rule_kernel()
             o, _ = chunk_delta_rule(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                     beta.transpose(1, 2), scale=1.0)
             o = o.transpose(1, 2)
@@ -225,10 +227,11 @@ class DeltaNetMixer(nn.Module):
 
     # one token --------------------------------------------------------------------------------
 
-    def step(self, x_t: torch.Tensor, state: dict | None):
+    def step(self, x_t: torch.Tensor, state: dict | None, mask: torch.Tensor | None = None):
         """x_t: (B, D). state: None at the start, else {"conv": (window_q, window_k, window_v) or
         None, "S": (B, H, dk, dv)}. Returns (y_t (B, D), new_state)."""
         B, D = x_t.shape
+        x_t = zero_padding(x_t, mask)
         H, d = self.num_heads, self.head_dim
         q, k, v = self.q_proj(x_t), self.k_proj(x_t), self.v_proj(x_t)  # (B, D) each
         conv = None

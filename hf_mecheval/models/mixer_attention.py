@@ -1,0 +1,95 @@
+"""Causal softmax self-attention (the Transformer's mixer): fused QKV without bias, output
+projection with bias."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .mixers import at_positions
+
+
+def visible_keys(L: int, positions: torch.Tensor | None, mask: torch.Tensor | None, device) -> torch.Tensor:
+    """Which keys each query sees: (Lq, L), or (B, 1, Lq, L) with per-row ``positions`` (B, Lq)
+    (default 0 .. L-1) or a padding ``mask`` (B, L). Causal; padded keys are hidden, except from
+    the padded query itself, so that every row of the softmax has a visible key (a padded
+    query's output is never read, but a NaN there would reach later layers)."""
+    key_pos = torch.arange(L, device=device)
+    query_pos = (key_pos if positions is None else positions[:, None, :])[..., None]
+    visible = key_pos <= query_pos
+    if mask is not None:
+        visible = visible & (mask[:, None, None, :] | (key_pos == query_pos))
+    return visible
+
+
+def causal_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + causal mask) v, written out. k, v (B, H, L, hd); q (B, H, Lq, hd)
+    for the queries at ``positions`` (B, Lq), default 0 .. L-1; ``mask`` (B, L) hides padded keys
+    -> (B, H, Lq, hd). What ``scaled_dot_product_attention(is_causal=True)`` computes (tested
+    equal); used under ``torch.func.vmap``, where SDPA would fall back to a loop over the vmapped
+    dimension, and for queries at chosen positions."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])                  # (B, H, Lq, L)
+    visible = visible_keys(k.shape[-2], positions, mask, q.device)
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // self.num_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=True)
+        self.functional_path = False   # under vmap: explicit softmax attention (SDPA has no batching rule)
+
+    def _heads(self, x: torch.Tensor):
+        # x: (B, L, D) -> q, k, v each (B, H, L, hd)
+        B, L, _ = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    accepts_keep = True
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D); with keep (B, k) positions, the output at those positions only
+        (B, k, D): queries (and the output projection) there, keys and values everywhere. ``mask``
+        (B, L): padded keys are hidden."""
+        B, L, D = x.shape
+        if keep is not None:
+            return self._forward_at(x, keep, mask)
+        q, k, v = self._heads(x)
+        if self.functional_path:
+            y = causal_softmax_attention(q, k, v, mask=mask)
+        elif mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, L, hd)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(L, None, mask, x.device))
+        return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
+
+    def _forward_at(self, x: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, L, D = x.shape
+        n, H, hd = keep.shape[1], self.num_heads, self.head_dim
+        w_q, w_kv = self.qkv.weight.split([D, 2 * D])
+        q = F.linear(at_positions(x, keep), w_q).view(B, n, H, hd).transpose(1, 2)   # (B, H, k, hd)
+        k, v = F.linear(x, w_kv).view(B, L, 2, H, hd).permute(2, 0, 3, 1, 4)     # (B, H, L, hd) each
+        y = causal_softmax_attention(q, k, v, keep, mask)                         # (B, H, k, hd)
+        return self.out_proj(y.transpose(1, 2).reshape(B, n, D))
+
+    def step(self, x_t: torch.Tensor, state, mask: torch.Tensor | None = None):
+        """state: (keys, values, real) so far: the KV cache, each (B, H, t, hd), and which of those
+        t tokens are not padding, (B, t) bool. mask (B,): whether x_t is a real token."""
+        q, k, v = self._heads(x_t[:, None])                              # (B, H, 1, hd) each
+        real = torch.ones_like(x_t[:, 0], dtype=torch.bool) if mask is None else mask   # (B,)
+        if state is not None:
+            k, v = torch.cat([state[0], k], dim=2), torch.cat([state[1], v], dim=2)
+            real = torch.cat([state[2], real[:, None]], dim=1)          # (B, t+1)
+        else:
+            real = real[:, None]
+        # every cached real token, and the token itself (see visible_keys)
+        visible = real.clone()
+        visible[:, -1] = True
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
+        return self.out_proj(y.reshape(x_t.shape)), (k, v, real)

@@ -1,0 +1,131 @@
+"""A saved model carries its own code: it loads with trust_remote_code=True in a Python that
+cannot import hf_mecheval, and computes what the package's model computes."""
+import ast
+import json
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.dynamic_module_utils import get_imports
+
+import hf_mecheval  # noqa: F401  (registers the Auto classes)
+from hf_mecheval.models import MODEL_CLASSES, auto_map
+from hf_mecheval.models.modeling_mecheval import remote_code_files
+
+from test_models import ARCHS, tiny
+
+# what the remote code may import besides its own files: the standard library and torch + transformers
+ALLOWED = {"__future__", "functools", "importlib", "math", "pathlib", "shutil", "torch", "transformers"}
+
+
+def test_the_remote_code_is_self_contained():
+    files = remote_code_files()
+    folder = files[0].parent
+    names = {f.stem for f in files}
+    assert {"modeling_mecheval", "configuration_mecheval", "recurrent_cache", "mixers"} <= names
+    assert {f"mixer_{m}" for m in ("attention", "based", "base_conv", "h3", "hyena", "mamba", "delta_net")} <= names
+    for f in files:
+        assert f.parent == folder
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                # transformers finds (and copies) only `from .module import ...` in the same folder
+                assert node.level == 1 and node.module in names, f"{f.name}: from {'.' * node.level}{node.module}"
+        # the packages transformers requires before it runs the file (imports in try blocks are optional)
+        assert set(get_imports(f)) <= ALLOWED, f"{f.name} needs {set(get_imports(f)) - ALLOWED}"
+
+
+def test_save_pretrained_writes_the_code_and_auto_map(tmp_path):
+    model = tiny("mamba")
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"] == auto_map(MODEL_CLASSES["mamba"][0]) == {
+        "AutoConfig": "configuration_mecheval.MambaConfig",
+        "AutoModel": "modeling_mecheval.MechEvalMambaModel",
+        "AutoModelForCausalLM": "modeling_mecheval.MechEvalMambaForCausalLM"}
+    for f in remote_code_files():
+        assert (tmp_path / f.name).read_bytes() == f.read_bytes()
+
+
+PROMPT = "<bos> k0 v1 k2 v3 <eos> k2"
+LOADER = r"""
+import importlib.util, json, os, sys
+sys.path[1:1] = json.loads(sys.argv[1])            # site-packages, but not the .pth files that find hf_mecheval
+assert importlib.util.find_spec("hf_mecheval") is None, "hf_mecheval is importable"
+import torch
+from transformers import AutoModel, AutoModelForCausalLM
+results = {}
+for folder in json.loads(sys.argv[2]):
+    try:
+        AutoModelForCausalLM.from_pretrained(folder)
+        refused = ""
+    except ValueError as exc:
+        refused = str(exc)
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).double().eval()
+    base = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    ids = torch.load(folder + "/ids.pt")
+    with torch.no_grad():
+        logits = model(ids).logits
+    generated = model.generate(ids, max_new_tokens=3, eos_token_id=None)
+    torch.save({"logits": logits, "generated": generated}, folder + "/out.pt")
+    results[folder] = {"refused": refused, "class": type(model).__name__, "base": type(base).__name__,
+                       "module": type(model).__module__}
+    if os.path.exists(folder + "/tokenizer.json"):         # text in, text out
+        from transformers import pipeline
+        generate = pipeline("text-generation", model=folder, trust_remote_code=True)
+        results[folder]["text"] = generate(PROMPT, max_new_tokens=3)[0]["generated_text"]
+assert not any(m.startswith("hf_mecheval") for m in sys.modules)
+with open("results.json", "w") as f:
+    json.dump(results, f)
+"""
+
+
+def test_a_python_without_hf_mecheval_loads_the_checkpoint_and_gets_the_same_logits(tmp_path):
+    folders = []
+    for arch in ARCHS:
+        model = tiny(arch).double().eval()
+        folder = tmp_path / arch
+        model.save_pretrained(folder)
+        ids = torch.randint(3, 11, (2, 9))
+        torch.save(ids, folder / "ids.pt")
+        folders.append((arch, folder, model, ids))
+    # one checkpoint with the tokenizer of an AR task of its vocabulary (8 keys and values)
+    from hf_mecheval.tasks import build_task
+    from hf_mecheval.tasks.tokenizer import build_tokenizer
+
+    build_tokenizer(build_task("ar_32", num_kv=8, num_pairs=2, vocab_size=11)).save_pretrained(tmp_path / "mamba")
+    script = tmp_path / "load.py"
+    script.write_text(LOADER.replace("PROMPT", repr(PROMPT)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # -S: no site module, so no .pth file (an editable install of hf_mecheval is one) is processed
+    proc = subprocess.run([sys.executable, "-S", str(script), json.dumps(site.getsitepackages()),
+                           json.dumps([str(f) for _, f, _, _ in folders])],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for arch, folder, model, ids in folders:
+        result = results[str(folder)]
+        assert result["class"] == MODEL_CLASSES[arch][2].__name__ and result["base"] == MODEL_CLASSES[arch][1].__name__
+        assert result["module"].startswith("transformers_modules.")
+        # without trust_remote_code: transformers asks for it (not "upgrade transformers")
+        assert "trust_remote_code=True" in result["refused"] and "upgrade" not in result["refused"]
+        out = torch.load(folder / "out.pt")
+        with torch.no_grad():
+            torch.testing.assert_close(out["logits"], model(ids).logits, rtol=0, atol=1e-12)
+        assert torch.equal(out["generated"], model.generate(ids, max_new_tokens=3, eos_token_id=None))
+    from transformers import pipeline
+
+    here = pipeline("text-generation", model=str(tmp_path / "mamba"))
+    assert results[str(tmp_path / "mamba")]["text"] == here(PROMPT, max_new_tokens=3)[0]["generated_text"]
+
+
+@pytest.mark.parametrize("arch", ["deltanet"])
+def test_the_package_loads_a_remote_code_checkpoint_with_its_own_classes(arch, tmp_path):
+    tiny(arch).save_pretrained(tmp_path)
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True)
+    assert type(loaded) is MODEL_CLASSES[arch][2]          # registered classes win over the copy
