@@ -6,8 +6,9 @@
     config = AutoConfig.for_model("mecheval-mamba", hidden_size=128, conv_kernel=4, vocab_size=8196)
     model = AutoModelForCausalLM.from_config(config)
 """
-from .configuration_mecheval import (ARCHITECTURES, BasedConfig, BaseConvConfig, DeltaNetConfig, H3Config,
-                                     HyenaConfig, MambaConfig, MechEvalConfig, TransformerConfig)
+from .configuration_mecheval import (ARCHITECTURES, BasedConfig, BaseConvConfig, DeltaNetConfig,
+                                     H3Config, HyenaConfig, Mamba2Config, MambaConfig,
+                                     MechEvalConfig, TransformerConfig)
 from .modeling_mecheval import MODEL_CLASSES, MechEvalForCausalLM, MechEvalModel
 
 _registered = False
@@ -38,6 +39,6 @@ def build_model(architecture: str, **config_fields) -> MechEvalForCausalLM:
     return lm_cls(config_cls(**config_fields))
 
 
-__all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "H3Config", "HyenaConfig",
-           "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES", "MechEvalForCausalLM",
-           "MechEvalModel", "register_auto_classes", "build_model"]
+__all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "H3Config",
+           "HyenaConfig", "Mamba2Config", "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES",
+           "MechEvalForCausalLM", "MechEvalModel", "register_auto_classes", "build_model"]

@@ -290,6 +290,59 @@ class DeltaNetConfig(MechEvalConfig):
         return ["delta_net"] * self.num_hidden_layers
 
 
+class Mamba2Config(MechEvalConfig):
+    """Mamba-2 (SSD) blocks with RMSNorm and no MLP, as Mamba: a selective SSM whose decay is one
+    scalar per head and step (mamba-ssm's Mamba2 defaults, head size and state scaled to these
+    widths; see ``mixers/mamba2.py``)."""
+
+    model_type = "mecheval-mamba2"
+    d_state: int = 64
+    """State size N per head (mamba-ssm: 128)."""
+    expand: int = 2
+    head_dim: int = 16
+    """Channels per SSM head (mamba-ssm: 64); heads = expand * hidden_size / head_dim."""
+    n_groups: int = 1
+    """Groups of heads that share B and C (and a norm group)."""
+    conv_kernel: int = 4
+    """Width of the depthwise causal short convolution on [x, B, C]; 0 = no convolution at all."""
+    chunk_size: int = 64
+    """Steps per chunk of the chunked SSD (the PyTorch path); does not change the result."""
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+
+    use_mlp = False
+    block_norm = "rmsnorm"
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _int(self, "d_state", minimum=1)
+        _int(self, "expand", minimum=1)
+        _int(self, "head_dim", minimum=1)
+        if self.intermediate_ssm_size % self.head_dim:
+            raise ConfigError("head_dim", f"must divide expand * hidden_size ({self.intermediate_ssm_size}), "
+                                          f"got {self.head_dim}")
+        _int(self, "n_groups", minimum=1)
+        if self.num_ssm_heads % self.n_groups:
+            raise ConfigError("n_groups", f"must divide the number of heads ({self.num_ssm_heads}), got {self.n_groups}")
+        _int(self, "conv_kernel", minimum=0, maximum=16)
+        _int(self, "chunk_size", minimum=1)
+        _float(self, "dt_min", minimum=0, exclusive=True)
+        _float(self, "dt_max", minimum=self.dt_min)
+        _float(self, "dt_init_floor", minimum=0, exclusive=True)
+
+    @property
+    def intermediate_ssm_size(self) -> int:
+        return self.expand * self.hidden_size
+
+    @property
+    def num_ssm_heads(self) -> int:
+        return self.intermediate_ssm_size // self.head_dim
+
+    def layer_mixers(self) -> list[str]:
+        return ["mamba2"] * self.num_hidden_layers
+
+
 ARCHITECTURES: dict[str, type[MechEvalConfig]] = {
     "transformer": TransformerConfig,
     "based": BasedConfig,
@@ -298,4 +351,5 @@ ARCHITECTURES: dict[str, type[MechEvalConfig]] = {
     "hyena": HyenaConfig,
     "mamba": MambaConfig,
     "deltanet": DeltaNetConfig,
+    "mamba2": Mamba2Config,
 }

@@ -16,7 +16,9 @@ from ..errors import ConfigError
 
 logger = logging.get_logger(__name__)
 
-PACKAGES = {"mamba": ("mamba_ssm", "causal_conv1d"), "delta_net": ("fla",)}
+# mixer -> the packages its kernel path imports
+PACKAGES = {"mamba": ("mamba_ssm", "causal_conv1d"), "delta_net": ("fla",),
+            "mamba2": ("mamba_ssm",)}
 
 
 @functools.cache
@@ -56,3 +58,11 @@ def delta_rule_kernel():
     from fla.ops.delta_rule import chunk_delta_rule
 
     return chunk_delta_rule
+
+
+def ssd_kernel():
+    """mamba-ssm's chunked SSD scan (Mamba-2), Triton: takes x (B, L, H, P), dt (B, L, H), A (H,),
+    B, C (B, L, G, N) as ``ops.ssd`` does."""
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+    return mamba_chunk_scan_combined

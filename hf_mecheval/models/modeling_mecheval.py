@@ -79,7 +79,7 @@ class Block(nn.Module):
         # r: (B, L, D) residual stream. keep: (B, k) positions; when given (last block, training),
         # the MLP runs at those positions only and the block returns (B, k, D): the mixer mixes
         # along the sequence, but the MLP is per position and nothing later reads other positions.
-        # A mixer with ``accepts_keep`` (attention, H3, Mamba) also computes its output there only.
+        # A mixer with ``accepts_keep`` (attention, H3, Mamba, Mamba-2) also computes its output there only.
         r = self.input(r)
         x = self.mixer_input(self.mixer_norm(r))
         if keep is not None and getattr(self.mixer, "accepts_keep", False):
@@ -354,6 +354,14 @@ class MechEvalDeltaNetForCausalLM(MechEvalForCausalLM):
     config_class = cfg.DeltaNetConfig
 
 
+class MechEvalMamba2Model(MechEvalModel):
+    config_class = cfg.Mamba2Config
+
+
+class MechEvalMamba2ForCausalLM(MechEvalForCausalLM):
+    config_class = cfg.Mamba2Config
+
+
 # architecture -> (config, base model, causal LM)
 MODEL_CLASSES = {
     "transformer": (cfg.TransformerConfig, MechEvalTransformerModel, MechEvalTransformerForCausalLM),
@@ -363,4 +371,5 @@ MODEL_CLASSES = {
     "hyena": (cfg.HyenaConfig, MechEvalHyenaModel, MechEvalHyenaForCausalLM),
     "mamba": (cfg.MambaConfig, MechEvalMambaModel, MechEvalMambaForCausalLM),
     "deltanet": (cfg.DeltaNetConfig, MechEvalDeltaNetModel, MechEvalDeltaNetForCausalLM),
+    "mamba2": (cfg.Mamba2Config, MechEvalMamba2Model, MechEvalMamba2ForCausalLM),
 }

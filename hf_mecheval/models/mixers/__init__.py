@@ -28,6 +28,7 @@ _MIXER_PATHS = {
     "hyena": "hyena:HyenaOperator",
     "mamba": "mamba:MambaMixer",
     "delta_net": "delta_net:DeltaNetMixer",
+    "mamba2": "mamba2:Mamba2Mixer",
 }
 
 
