@@ -7,7 +7,7 @@
     model = AutoModelForCausalLM.from_config(config)
 """
 from .configuration_mecheval import (ARCHITECTURES, BasedConfig, BaseConvConfig, DeltaNetConfig,
-                                     H3Config, HyenaConfig, Mamba2Config, MambaConfig,
+                                     GatedDeltaNetConfig, H3Config, HyenaConfig, Mamba2Config, MambaConfig,
                                      MechEvalConfig, TransformerConfig)
 from .modeling_mecheval import MODEL_CLASSES, MechEvalForCausalLM, MechEvalModel
 
@@ -39,6 +39,6 @@ def build_model(architecture: str, **config_fields) -> MechEvalForCausalLM:
     return lm_cls(config_cls(**config_fields))
 
 
-__all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "H3Config",
+__all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "H3Config",
            "HyenaConfig", "Mamba2Config", "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES",
            "MechEvalForCausalLM", "MechEvalModel", "register_auto_classes", "build_model"]

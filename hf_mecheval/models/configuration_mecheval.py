@@ -343,6 +343,51 @@ class Mamba2Config(MechEvalConfig):
         return ["mamba2"] * self.num_hidden_layers
 
 
+class GatedDeltaNetConfig(MechEvalConfig):
+    """Gated delta-rule linear attention (flash-linear-attention's GatedDeltaNet: short convolutions
+    + SiLU on q, k, v, L2-normalised q/k, sigmoid beta, Mamba-2-style decay, output gate with a
+    per-head gated RMSNorm, no biases), in blocks with an MLP, like DeltaNet (LayerNorm, the shared
+    GELU MLP; fla's own model uses RMSNorm and a SwiGLU MLP). By default one head with
+    dk = dv = hidden_size: DeltaNet's state, so that the two differ by the gates."""
+
+    model_type = "mecheval-gated-deltanet"
+    num_attention_heads: int = 1
+    head_dim: int | None = None
+    """Query/key size per head; None = hidden_size / num_attention_heads."""
+    expand_v: int = 1
+    """Value size per head = expand_v * head_dim. flash-linear-attention uses 2 (and several
+    heads): set expand_v=2 for its layout; the default 1 keeps the step time within 3x of the
+    Transformer's at hidden 64 on a CPU (see ``mixers/gated_delta_net.py``)."""
+    use_short_conv: bool = True
+    conv_kernel: int = 4
+    chunk_size: int = 64
+    """Steps per chunk of the chunked delta rule (the PyTorch path); does not change the result."""
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if self.head_dim is None:
+            _divides_hidden(self, "num_attention_heads")
+        else:
+            _int(self, "num_attention_heads", minimum=1)
+            _int(self, "head_dim", minimum=1)
+        _int(self, "expand_v", minimum=1)
+        if not isinstance(self.use_short_conv, bool):
+            raise ConfigError("use_short_conv", f"must be true or false, got {self.use_short_conv!r}")
+        _int(self, "conv_kernel", minimum=1)
+        _int(self, "chunk_size", minimum=1)
+
+    @property
+    def key_head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.expand_v * self.key_head_dim
+
+    def layer_mixers(self) -> list[str]:
+        return ["gated_delta_net"] * self.num_hidden_layers
+
+
 ARCHITECTURES: dict[str, type[MechEvalConfig]] = {
     "transformer": TransformerConfig,
     "based": BasedConfig,
@@ -352,4 +397,5 @@ ARCHITECTURES: dict[str, type[MechEvalConfig]] = {
     "mamba": MambaConfig,
     "deltanet": DeltaNetConfig,
     "mamba2": Mamba2Config,
+    "gated_deltanet": GatedDeltaNetConfig,
 }

@@ -18,7 +18,7 @@ logger = logging.get_logger(__name__)
 
 # mixer -> the packages its kernel path imports
 PACKAGES = {"mamba": ("mamba_ssm", "causal_conv1d"), "delta_net": ("fla",),
-            "mamba2": ("mamba_ssm",)}
+            "mamba2": ("mamba_ssm",), "gated_delta_net": ("fla",)}
 
 
 @functools.cache
@@ -66,3 +66,10 @@ def ssd_kernel():
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
     return mamba_chunk_scan_combined
+
+
+def gated_delta_rule_kernel():
+    """flash-linear-attention's chunked gated delta rule (Gated DeltaNet)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule

@@ -362,6 +362,14 @@ class MechEvalMamba2ForCausalLM(MechEvalForCausalLM):
     config_class = cfg.Mamba2Config
 
 
+class MechEvalGatedDeltaNetModel(MechEvalModel):
+    config_class = cfg.GatedDeltaNetConfig
+
+
+class MechEvalGatedDeltaNetForCausalLM(MechEvalForCausalLM):
+    config_class = cfg.GatedDeltaNetConfig
+
+
 # architecture -> (config, base model, causal LM)
 MODEL_CLASSES = {
     "transformer": (cfg.TransformerConfig, MechEvalTransformerModel, MechEvalTransformerForCausalLM),
@@ -372,4 +380,5 @@ MODEL_CLASSES = {
     "mamba": (cfg.MambaConfig, MechEvalMambaModel, MechEvalMambaForCausalLM),
     "deltanet": (cfg.DeltaNetConfig, MechEvalDeltaNetModel, MechEvalDeltaNetForCausalLM),
     "mamba2": (cfg.Mamba2Config, MechEvalMamba2Model, MechEvalMamba2ForCausalLM),
+    "gated_deltanet": (cfg.GatedDeltaNetConfig, MechEvalGatedDeltaNetModel, MechEvalGatedDeltaNetForCausalLM),
 }

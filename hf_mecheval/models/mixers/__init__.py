@@ -29,6 +29,7 @@ _MIXER_PATHS = {
     "mamba": "mamba:MambaMixer",
     "delta_net": "delta_net:DeltaNetMixer",
     "mamba2": "mamba2:Mamba2Mixer",
+    "gated_delta_net": "gated_delta_net:GatedDeltaNetMixer",
 }
 
 
