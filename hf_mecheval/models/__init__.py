@@ -1,4 +1,4 @@
-"""The seven architectures as Hugging Face models (SPEC §3, §7).
+"""The nine architectures as Hugging Face models.
 
 ``import hf_mecheval`` registers every config and model with ``AutoConfig``, ``AutoModel`` and
 ``AutoModelForCausalLM``::

@@ -1,4 +1,4 @@
-"""Configurations of the seven architectures (SPEC §3, §7).
+"""Configurations of the nine architectures (``ARCHITECTURES`` at the end).
 
 All share :class:`MechEvalConfig`'s fields (Hugging Face names: ``vocab_size``,
 ``hidden_size``, ``num_hidden_layers``, ``max_position_embeddings`` — 0 means no position

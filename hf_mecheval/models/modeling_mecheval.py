@@ -1,4 +1,4 @@
-"""The shared backbone and the Hugging Face model classes of all seven architectures.
+"""The shared backbone and the Hugging Face model classes of all nine architectures.
 
     token embedding (+ learned positions when max_position_embeddings > 0)
       -> num_hidden_layers x Block -> final LayerNorm -> LM head tied to the embedding (no bias)

@@ -1,4 +1,4 @@
-"""All seven architectures through one backbone: parameter counts, causality, recurrent
+"""All nine architectures through one backbone: parameter counts, causality, recurrent
 equivalence, gradients, sites, the Auto classes and save/load."""
 import subprocess
 import sys

@@ -12,7 +12,9 @@ A mixer is an ``nn.Module`` built as ``Mixer(config, layer_idx)`` with
 * internal intervention sites as :class:`~hf_mecheval.models.sites.Site` attributes
   (``conv_output``, ``state``), which the site vocabulary picks up by itself.
 
-``MIXERS`` maps the names used by ``config.layer_mixers()`` to classes, imported on first use.
+``mixer_class(name)`` maps the names used by ``config.layer_mixers()`` to classes
+(``_MIXER_PATHS``), imported on first use. The newer mixers (``mamba2``, ``gated_delta_net``)
+keep their math in ``models/ops/`` and only build parameters and dispatch.
 """
 from __future__ import annotations
 
