@@ -13,8 +13,9 @@
 #   models.txt         benchmarks/bench_models.py on the GPU (our models vs transformers' peers)
 # Kernel packages: flash-linear-attention's ops (fla-core, pure Python + Triton) can travel as a
 # wheel in the ignored folder .whl/ (python3 -m pip download --no-deps --only-binary=:all: -d .whl
-# fla-core==0.6.0), which enables DeltaNet's kernel parity. mamba-ssm and causal-conv1d need a
-# CUDA build far longer than the device budget: their parity test skips unless wheels are carried.
+# fla-core==0.6.0), which enables DeltaNet's and Gated DeltaNet's kernel parity. mamba-ssm and
+# causal-conv1d need a CUDA build far longer than the device budget: Mamba's and Mamba-2's parity
+# tests skip unless wheels are carried.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/gpu_checks}"

@@ -1,6 +1,6 @@
 """hf-mecheval: mechanistic evaluation of Transformers and state-space models.
 
-``import hf_mecheval`` registers the seven model types with the transformers Auto classes.
+``import hf_mecheval`` registers the nine model types with the transformers Auto classes.
 It imports no kernel packages (flash-linear-attention would replace transformers' ``mamba``
 types) and no task, training or intervention code.
 """

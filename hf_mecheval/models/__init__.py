@@ -1,4 +1,4 @@
-"""The seven architectures as Hugging Face models.
+"""The architectures as Hugging Face models (``ARCHITECTURES``).
 
 ``import hf_mecheval`` registers every config and model with ``AutoConfig``, ``AutoModel`` and
 ``AutoModelForCausalLM``::
@@ -9,8 +9,9 @@
 Every module here but this one and ``stacked.py`` is the models' self-contained code (relative
 imports only, within this folder), which a saved model carries as its remote code.
 """
-from .configuration_mecheval import (ARCHITECTURES, BasedConfig, BaseConvConfig, DeltaNetConfig, H3Config,
-                                     HyenaConfig, MambaConfig, MechEvalConfig, TransformerConfig)
+from .configuration_mecheval import (ARCHITECTURES, BasedConfig, BaseConvConfig, DeltaNetConfig,
+                                     GatedDeltaNetConfig, H3Config, HyenaConfig, Mamba2Config, MambaConfig,
+                                     MechEvalConfig, TransformerConfig)
 from .modeling_mecheval import MODEL_CLASSES, MechEvalForCausalLM, MechEvalModel, auto_map, save_remote_code
 
 _registered = False
@@ -64,7 +65,7 @@ def count_parameters(config) -> int:
     return total + (config.num_hidden_layers - built.num_hidden_layers) * sum(per_layer) // len(per_layer)
 
 
-__all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "H3Config", "HyenaConfig",
-           "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES", "MechEvalForCausalLM",
-           "MechEvalModel", "auto_map", "save_remote_code", "register_auto_classes", "build_model",
+__all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "H3Config",
+           "HyenaConfig", "Mamba2Config", "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES",
+           "MechEvalForCausalLM", "MechEvalModel", "auto_map", "save_remote_code", "register_auto_classes", "build_model",
            "count_parameters"]

@@ -1,4 +1,4 @@
-"""Configurations of the seven architectures.
+"""Configurations of the architectures (``ARCHITECTURES`` at the end).
 
 All share :class:`MechEvalConfig`'s fields (Hugging Face names: ``vocab_size``,
 ``hidden_size``, ``num_hidden_layers``, ``max_position_embeddings`` — 0 means no position
@@ -293,6 +293,104 @@ class DeltaNetConfig(MechEvalConfig):
         return ["delta_net"] * self.num_hidden_layers
 
 
+class Mamba2Config(MechEvalConfig):
+    """Mamba-2 (SSD) blocks with RMSNorm and no MLP, as Mamba: a selective SSM whose decay is one
+    scalar per head and step (mamba-ssm's Mamba2 defaults, head size and state scaled to these
+    widths; see ``mixer_mamba2.py``)."""
+
+    model_type = "mecheval-mamba2"
+    d_state: int = 64
+    """State size N per head (mamba-ssm: 128)."""
+    expand: int = 2
+    head_dim: int = 16
+    """Channels per SSM head (mamba-ssm: 64); heads = expand * hidden_size / head_dim."""
+    n_groups: int = 1
+    """Groups of heads that share B and C (and a norm group)."""
+    conv_kernel: int = 4
+    """Width of the depthwise causal short convolution on [x, B, C]; 0 = no convolution at all."""
+    chunk_size: int = 64
+    """Steps per chunk of the chunked SSD (the PyTorch path); does not change the result."""
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+
+    use_mlp = False
+    block_norm = "rmsnorm"
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _int(self, "d_state", minimum=1)
+        _int(self, "expand", minimum=1)
+        _int(self, "head_dim", minimum=1)
+        if self.intermediate_ssm_size % self.head_dim:
+            raise ConfigError("head_dim", f"must divide expand * hidden_size ({self.intermediate_ssm_size}), "
+                                          f"got {self.head_dim}")
+        _int(self, "n_groups", minimum=1)
+        if self.num_ssm_heads % self.n_groups:
+            raise ConfigError("n_groups", f"must divide the number of heads ({self.num_ssm_heads}), got {self.n_groups}")
+        _int(self, "conv_kernel", minimum=0, maximum=16)
+        _int(self, "chunk_size", minimum=1)
+        _float(self, "dt_min", minimum=0, exclusive=True)
+        _float(self, "dt_max", minimum=self.dt_min)
+        _float(self, "dt_init_floor", minimum=0, exclusive=True)
+
+    @property
+    def intermediate_ssm_size(self) -> int:
+        return self.expand * self.hidden_size
+
+    @property
+    def num_ssm_heads(self) -> int:
+        return self.intermediate_ssm_size // self.head_dim
+
+    def layer_mixers(self) -> list[str]:
+        return ["mamba2"] * self.num_hidden_layers
+
+
+class GatedDeltaNetConfig(MechEvalConfig):
+    """Gated delta-rule linear attention (flash-linear-attention's GatedDeltaNet: short convolutions
+    + SiLU on q, k, v, L2-normalised q/k, sigmoid beta, Mamba-2-style decay, output gate with a
+    per-head gated RMSNorm, no biases), in blocks with an MLP, like DeltaNet (LayerNorm, the shared
+    GELU MLP; fla's own model uses RMSNorm and a SwiGLU MLP). By default one head with
+    dk = dv = hidden_size: DeltaNet's state, so that the two differ by the gates."""
+
+    model_type = "mecheval-gated-deltanet"
+    num_attention_heads: int = 1
+    head_dim: int | None = None
+    """Query/key size per head; None = hidden_size / num_attention_heads."""
+    expand_v: int = 1
+    """Value size per head = expand_v * head_dim. flash-linear-attention uses 2 (and several
+    heads): set expand_v=2 for its layout; the default 1 keeps the step time within 3x of the
+    Transformer's at hidden 64 on a CPU (see ``mixer_gated_delta_net.py``)."""
+    use_short_conv: bool = True
+    conv_kernel: int = 4
+    chunk_size: int = 64
+    """Steps per chunk of the chunked delta rule (the PyTorch path); does not change the result."""
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if self.head_dim is None:
+            _divides_hidden(self, "num_attention_heads")
+        else:
+            _int(self, "num_attention_heads", minimum=1)
+            _int(self, "head_dim", minimum=1)
+        _int(self, "expand_v", minimum=1)
+        if not isinstance(self.use_short_conv, bool):
+            raise ConfigError("use_short_conv", f"must be true or false, got {self.use_short_conv!r}")
+        _int(self, "conv_kernel", minimum=1)
+        _int(self, "chunk_size", minimum=1)
+
+    @property
+    def key_head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.expand_v * self.key_head_dim
+
+    def layer_mixers(self) -> list[str]:
+        return ["gated_delta_net"] * self.num_hidden_layers
+
+
 ARCHITECTURES: dict[str, type[MechEvalConfig]] = {
     "transformer": TransformerConfig,
     "based": BasedConfig,
@@ -301,4 +399,6 @@ ARCHITECTURES: dict[str, type[MechEvalConfig]] = {
     "hyena": HyenaConfig,
     "mamba": MambaConfig,
     "deltanet": DeltaNetConfig,
+    "mamba2": Mamba2Config,
+    "gated_deltanet": GatedDeltaNetConfig,
 }

@@ -16,7 +16,9 @@ from .errors import ConfigError
 
 logger = logging.get_logger(__name__)
 
-PACKAGES = {"mamba": ("mamba_ssm", "causal_conv1d"), "delta_net": ("fla",)}
+# mixer -> the packages its kernel path imports
+PACKAGES = {"mamba": ("mamba_ssm", "causal_conv1d"), "delta_net": ("fla",),
+            "mamba2": ("mamba_ssm",), "gated_delta_net": ("fla",)}
 
 
 @functools.cache
@@ -63,3 +65,22 @@ def delta_rule_kernel():
     except ImportError as exc:
         raise ConfigError("kernels", f"the DeltaNet kernel needs flash-linear-attention: {exc}") from exc
     return chunk_delta_rule
+
+
+def ssd_kernel():
+    """mamba-ssm's chunked SSD scan (Mamba-2), Triton: takes x (B, L, H, P), dt (B, L, H), A (H,),
+    B, C (B, L, G, N) as ``ops_ssd.py`` does."""
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except ImportError as exc:
+        raise ConfigError("kernels", f"the Mamba-2 kernel needs mamba-ssm: {exc}") from exc
+    return mamba_chunk_scan_combined
+
+
+def gated_delta_rule_kernel():
+    """flash-linear-attention's chunked gated delta rule (Gated DeltaNet)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as exc:
+        raise ConfigError("kernels", f"the Gated DeltaNet kernel needs flash-linear-attention: {exc}") from exc
+    return chunk_gated_delta_rule

@@ -1,4 +1,4 @@
-"""The shared backbone and the Hugging Face model classes of all seven architectures.
+"""The shared backbone and the Hugging Face model classes of all nine architectures.
 
     token embedding (+ learned positions when max_position_embeddings > 0)
       -> num_hidden_layers x Block -> final LayerNorm -> LM head tied to the embedding (no bias)
@@ -39,23 +39,26 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 
-from .configuration_mecheval import (BasedConfig, BaseConvConfig, DeltaNetConfig, H3Config, HyenaConfig, MambaConfig,
-                                     MechEvalConfig, TransformerConfig)
+from .configuration_mecheval import (BasedConfig, BaseConvConfig, DeltaNetConfig, GatedDeltaNetConfig, H3Config,
+                                     HyenaConfig, Mamba2Config, MambaConfig, MechEvalConfig, TransformerConfig)
 from .errors import MechEvalError
 from .mixer_attention import CausalSelfAttention
 from .mixer_base_conv import BaseConv
 from .mixer_based import BasedLinearAttention
 from .mixer_delta_net import DeltaNetMixer
+from .mixer_gated_delta_net import GatedDeltaNetMixer
 from .mixer_h3 import H3
 from .mixer_hyena import HyenaOperator
 from .mixer_mamba import MambaMixer
+from .mixer_mamba2 import Mamba2Mixer
 from .mixers import at_positions
 from .recurrent_cache import RecurrentCache
 from .sites import Site
 
 # the names config.layer_mixers() uses -> mixer classes (the mixer contract: mixers.py)
 MIXERS = {"attention": CausalSelfAttention, "based": BasedLinearAttention, "base_conv": BaseConv, "h3": H3,
-          "hyena": HyenaOperator, "mamba": MambaMixer, "delta_net": DeltaNetMixer}
+          "hyena": HyenaOperator, "mamba": MambaMixer, "delta_net": DeltaNetMixer, "mamba2": Mamba2Mixer,
+          "gated_delta_net": GatedDeltaNetMixer}
 
 IGNORE_INDEX = -100
 
@@ -129,7 +132,7 @@ class Block(GradientCheckpointingLayer):
         # r: (B, L, D) residual stream. keep: (B, k) positions; when given (last block, training),
         # the MLP runs at those positions only and the block returns (B, k, D): the mixer mixes
         # along the sequence, but the MLP is per position and nothing later reads other positions.
-        # A mixer with ``accepts_keep`` (attention, H3, Mamba) also computes its output there only.
+        # A mixer with ``accepts_keep`` (attention, H3, Mamba, Mamba-2) also computes its output there only.
         # mask: (B, L) padding mask (see padding_mask) or None.
         r = self.input(r)
         x = self.mixer_input(self.mixer_norm(r))
@@ -450,6 +453,22 @@ class MechEvalDeltaNetForCausalLM(MechEvalForCausalLM):
     config_class = DeltaNetConfig
 
 
+class MechEvalMamba2Model(MechEvalModel):
+    config_class = Mamba2Config
+
+
+class MechEvalMamba2ForCausalLM(MechEvalForCausalLM):
+    config_class = Mamba2Config
+
+
+class MechEvalGatedDeltaNetModel(MechEvalModel):
+    config_class = GatedDeltaNetConfig
+
+
+class MechEvalGatedDeltaNetForCausalLM(MechEvalForCausalLM):
+    config_class = GatedDeltaNetConfig
+
+
 # architecture -> (config, base model, causal LM)
 MODEL_CLASSES = {
     "transformer": (TransformerConfig, MechEvalTransformerModel, MechEvalTransformerForCausalLM),
@@ -459,6 +478,8 @@ MODEL_CLASSES = {
     "hyena": (HyenaConfig, MechEvalHyenaModel, MechEvalHyenaForCausalLM),
     "mamba": (MambaConfig, MechEvalMambaModel, MechEvalMambaForCausalLM),
     "deltanet": (DeltaNetConfig, MechEvalDeltaNetModel, MechEvalDeltaNetForCausalLM),
+    "mamba2": (Mamba2Config, MechEvalMamba2Model, MechEvalMamba2ForCausalLM),
+    "gated_deltanet": (GatedDeltaNetConfig, MechEvalGatedDeltaNetModel, MechEvalGatedDeltaNetForCausalLM),
 }
 
 

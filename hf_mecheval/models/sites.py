@@ -24,9 +24,10 @@ sequence: the recurrence is re-run from the patched state, so the state itself c
 later position of the layer (``Site.propagates`` is True). At every other site the activation
 changes at p only; whatever reads it afterwards sees the change, and a component that mixes
 along the sequence spreads it to later positions — the rest of the same mixer included: a patch
-of Mamba's, H3's, Hyena's or DeltaNet's ``conv_output`` at p reaches later positions of that
-layer's output through its SSM, long convolution or delta rule (BaseConv's gating does not mix,
-so there it stays at p until the next layer). ``propagates`` is descriptive; nothing reads it.
+of Mamba's, Mamba-2's, H3's, Hyena's, DeltaNet's or Gated DeltaNet's ``conv_output`` at p reaches
+later positions of that layer's output through its SSM, long convolution or delta rule
+(BaseConv's gating does not mix, so there it stays at p until the next layer). ``propagates`` is
+descriptive; nothing reads it.
 
 Mixers skip materialising expensive internal sites (state trajectories) unless a torch hook is
 registered on them (plain hooks, pyvene), a tool wrapped their ``forward`` (nnsight), or

@@ -43,7 +43,7 @@ def _batch(model, n=32):
     return d, ids, broken, col
 
 
-@pytest.mark.parametrize("arch", ["transformer", "mamba", "deltanet", "based", "h3"])
+@pytest.mark.parametrize("arch", ["transformer", "mamba", "deltanet", "based", "h3", "mamba2", "gated_deltanet"])
 def test_golden_properties_on_real_models(arch):
     torch.manual_seed(0)
     extra = {"max_position_embeddings": 16} if arch == "transformer" else {}

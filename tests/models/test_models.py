@@ -1,4 +1,4 @@
-"""All seven architectures through one backbone: parameter counts, causality, recurrent
+"""All nine architectures through one backbone: parameter counts, causality, recurrent
 equivalence, gradients, sites, the Auto classes and save/load."""
 import subprocess
 import sys
@@ -19,7 +19,10 @@ TINY = {
     "hyena": dict(filter_order=8, max_filter_length=16),
     "mamba": dict(d_state=4),
     "deltanet": dict(num_attention_heads=2, chunk_size=4),
+    "mamba2": dict(d_state=4, head_dim=4, chunk_size=4),                  # 4 heads, chunks not dividing L
+    "gated_deltanet": dict(num_attention_heads=2, expand_v=2, chunk_size=4),
 }
+MODEL_TYPES = {"gated_deltanet": "mecheval-gated-deltanet"}               # else mecheval-<architecture>
 ARCHS = list(TINY)
 
 
@@ -47,7 +50,7 @@ def test_reference_parameter_counts(arch, fields, expected):
 def test_print_parameter_counts_of_the_others(capsys):
     with capsys.disabled():
         print("\nparameters (vocabulary 26, 2 layers, defaults):")
-        for arch in ("h3", "hyena", "baseconv", "deltanet", "mamba", "based"):
+        for arch in ("h3", "hyena", "baseconv", "deltanet", "mamba", "based", "mamba2", "gated_deltanet"):
             counts = [count(build_model(arch, vocab_size=26, hidden_size=d)) for d in (64, 128, 256)]
             print(f"  {arch:<9} hidden 64/128/256: " + " / ".join(f"{c:,}" for c in counts))
 
@@ -113,7 +116,7 @@ def test_answer_only_loss_equals_full_cross_entropy(arch):
 def test_standard_sites_and_errors(arch):
     model = tiny(arch)
     names = model.site_names()
-    has_mlp = arch != "mamba"
+    has_mlp = arch not in ("mamba", "mamba2")
     for layer in range(2):
         for site in ("input", "mixer_input", "mixer_output", "output") + (("mlp_input", "mlp_output") if has_mlp else ()):
             assert f"layers.{layer}.{site}" in names
@@ -130,6 +133,10 @@ def test_internal_sites_where_the_spec_asks():
     assert "layers.1.mixer.state" in tiny("based").site_names()          # odd layers: linear attention
     assert "layers.0.mixer.conv_output" in tiny("based").site_names()    # even layers: BaseConv
     assert "layers.0.mixer.state" in tiny("deltanet").site_names()
+    for arch in ("mamba2", "gated_deltanet"):
+        assert {"layers.1.mixer.state", "layers.1.mixer.conv_output"} <= set(tiny(arch).site_names())
+    assert "layers.0.mixer.conv_output" not in tiny("mamba2", conv_kernel=0).site_names()
+    assert "layers.0.mixer.conv_output" not in tiny("gated_deltanet", use_short_conv=False).site_names()
 
 
 def test_site_hooks_read_and_replace():
@@ -152,7 +159,7 @@ def test_site_hooks_read_and_replace():
 def test_auto_classes_and_safetensors_round_trip(arch, tmp_path):
     model = tiny(arch).eval()
     model_type = MODEL_CLASSES[arch][0].model_type
-    assert model_type == f"mecheval-{arch}"
+    assert model_type == MODEL_TYPES.get(arch, f"mecheval-{arch}")
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
@@ -183,6 +190,14 @@ def test_hf_configs_accept_standard_extra_keys():
     ("deltanet", dict(use_short_conv="yes"), "use_short_conv"),
     ("h3", dict(head_dim=3), "head_dim"),
     ("hyena", dict(filter_emb_dim=4), "filter_emb_dim"),
+    ("mamba2", dict(head_dim=48), "head_dim"),                            # 128 channels, not divisible
+    ("mamba2", dict(n_groups=3), "n_groups"),                             # 8 heads
+    ("mamba2", dict(conv_kernel=17), "conv_kernel"),
+    ("mamba2", dict(dt_max=1e-4), "dt_max"),
+    ("gated_deltanet", dict(num_attention_heads=3), "num_attention_heads"),
+    ("gated_deltanet", dict(head_dim=0), "head_dim"),
+    ("gated_deltanet", dict(expand_v=0), "expand_v"),
+    ("gated_deltanet", dict(use_short_conv=1), "use_short_conv"),
 ])
 def test_invalid_configs_name_the_field(arch, fields, field):
     with pytest.raises(ConfigError) as info:
@@ -198,6 +213,10 @@ def test_unknown_architecture():
 def test_ablation_knobs_change_the_model():
     assert count(tiny("mamba", conv_kernel=0)) < count(tiny("mamba", conv_kernel=2)) < count(tiny("mamba"))
     assert count(tiny("deltanet", use_short_conv=False)) < count(tiny("deltanet"))
+    assert count(tiny("mamba2", conv_kernel=0)) < count(tiny("mamba2", conv_kernel=2)) < count(tiny("mamba2"))
+    assert count(tiny("gated_deltanet", use_short_conv=False)) < count(tiny("gated_deltanet"))
+    assert count(tiny("gated_deltanet", expand_v=1)) < count(tiny("gated_deltanet"))
+    assert count(tiny("gated_deltanet", num_attention_heads=1, head_dim=4)) < count(tiny("gated_deltanet"))
     assert count(tiny("based", short_conv_kernel="long")) != count(tiny("based"))
     three = tiny("transformer", num_hidden_layers=3)
     assert len(three.model.layers) == 3
@@ -206,7 +225,8 @@ def test_ablation_knobs_change_the_model():
 
 def test_package_import_is_light_and_registers():
     code = ("import sys, hf_mecheval; from transformers import AutoConfig; "
-            "AutoConfig.for_model('mecheval-deltanet'); "
+            "AutoConfig.for_model('mecheval-deltanet'); AutoConfig.for_model('mecheval-mamba2'); "
+            "AutoConfig.for_model('mecheval-gated-deltanet'); "
             "bad = [m for m in ('fla', 'mamba_ssm', 'causal_conv1d', 'datasets', 'hf_mecheval.tasks') if m in sys.modules]; "
             "print(bad); assert not bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -215,14 +235,15 @@ def test_package_import_is_light_and_registers():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the [cuda] extra")
-@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
+@pytest.mark.parametrize("arch", ["mamba", "deltanet", "mamba2", "gated_deltanet"])
 def test_kernel_path_matches_torch_path(arch):
     import importlib.util
     import time
 
     from hf_mecheval.models.kernels import PACKAGES
 
-    missing = [p for p in PACKAGES["delta_net" if arch == "deltanet" else arch] if importlib.util.find_spec(p) is None]
+    mixer = {"deltanet": "delta_net", "gated_deltanet": "gated_delta_net"}.get(arch, arch)
+    missing = [p for p in PACKAGES[mixer] if importlib.util.find_spec(p) is None]
     if missing:
         pytest.skip(f"{arch}'s kernel packages are not installed: {', '.join(missing)}")
     torch.manual_seed(0)

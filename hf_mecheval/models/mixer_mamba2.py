@@ -1,0 +1,152 @@
+"""Mamba-2 mixer (SSD), Dao & Gu 2024. The math lives in ``ops_ssd.py``; this file builds
+the parameters and dispatches.
+
+    z, xBC, dt = in_proj(u)              (B, L, E), (B, L, E + 2GN), (B, L, H);  E = expand * D, H = E / P
+    xBC        = silu(conv(xBC))   (conv_kernel > 0)   or   silu(xBC)   (conv_kernel = 0: no convolution)
+    x, B, C    = split(xBC)              x (B, L, H, P); B, C (B, L, G, N), shared by a group's heads
+    dt         = softplus(dt + dt_bias)  one step size per head and token
+    h_t        = exp(dt_t A_h) h_{t-1} + dt_t x_t B_t^T      per head: h (P, N), A_h = -exp(A_log_h)
+    y_t        = h_t C_t + D_h x_t
+    out        = out_proj(rmsnorm(y * silu(z)))              (the gate before the norm, per group)
+
+As mamba-ssm's ``Mamba2`` with its defaults (in_proj and out_proj without bias, convolution with
+bias, A ~ U(1, 16) through A_log, dt log-uniform in [dt_min, dt_max] through an inverse-softplus
+bias, D = 1 per head, gated RMSNorm over each group's channels, n_groups 1), scaled to these
+widths: head_dim 16 (mamba-ssm: 64), so hidden 64 (E = 128) has 8 heads; d_state 64 (mamba-ssm:
+128; Mamba-1 here: 16): the scalar decay is what makes a larger state cheap (the chunked form's
+cost grows with N only through C_t . B_s and the chunk-boundary states), and the Mamba-2 paper's
+recall experiments use N >= 64.
+
+Paths: the chunked SSD (``ssd_chunked``) for training; on the answer-only path the attention form
+at the kept position only (``ssd_at``); when the ``state`` site is observed (a hook or
+``materialize_sites(True)``) the reference loop's state trajectory goes through the site and a
+patch is carried to later positions (``ssd_transition``); mamba-ssm's fused ``mamba_chunk_scan_combined``
+with ``kernels="auto"`` on CUDA where it is installed.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .convolutions import ShortConv
+from .kernels import ssd_kernel, use_kernels
+from .mixers import at_positions, zero_padding
+from .norms import GatedRMSNorm
+from .ops_short_conv import short_conv
+from .ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
+from .sites import Site, through_state_site
+
+KERNEL_CHUNK_SIZE = 256   # mamba-ssm's default; the chunking changes the blocking, not the result
+
+
+class Mamba2Mixer(nn.Module):
+    """Mamba-2 sequence mixer: (batch, length, hidden) -> (batch, length, hidden)."""
+
+    accepts_keep = True
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        D, E, P = config.hidden_size, config.intermediate_ssm_size, config.head_dim
+        H, G, N = config.num_ssm_heads, config.n_groups, config.d_state
+        self.E, self.H, self.P, self.G, self.N = E, H, P, G, N
+        self.chunk_size = config.chunk_size
+        self.in_proj = nn.Linear(D, 2 * E + 2 * G * N + H, bias=False)         # [z, x, B, C, dt]
+        self.conv = ShortConv(E + 2 * G * N, config.conv_kernel, bias=True) if config.conv_kernel > 0 else None
+        self.dt_bias = nn.Parameter(torch.empty(H))
+        self.A_log = nn.Parameter(torch.empty(H))
+        self.D = nn.Parameter(torch.empty(H))
+        self.norm = GatedRMSNorm(E, eps=config.layer_norm_eps, group_size=E // G, norm_before_gate=False)
+        self.out_proj = nn.Linear(E, D, bias=False)
+        if self.conv is not None:
+            self.conv_output = Site("short-conv output of [x, B, C] after SiLU, "
+                                    "(batch, length, expand*hidden + 2*n_groups*d_state)")
+        self.state = Site("SSM state trajectory h_t, (batch, length, heads, head_dim, d_state)",
+                          propagates_in_layer=True)
+        self.init_mecheval_parameters()
+
+    @torch.no_grad()
+    def init_mecheval_parameters(self) -> None:
+        """A ~ U(1, 16) per head (through A_log), D = 1, dt in [dt_min, dt_max] log-uniformly
+        (through an inverse-softplus bias, floored at dt_init_floor), as mamba-ssm's Mamba2."""
+        c = self.config
+        self.A_log.copy_(torch.empty(self.H).uniform_(1, 16).log())
+        self.D.fill_(1.0)
+        dt = torch.exp(torch.rand(self.H) * (math.log(c.dt_max) - math.log(c.dt_min)) + math.log(c.dt_min))
+        dt = dt.clamp(min=c.dt_init_floor)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))                # softplus^-1(dt)
+
+    # shared pieces ---------------------------------------------------------------------------
+
+    def _activated(self, xBC: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        # (B, L, E + 2GN): the convolution (causal, depthwise) and SiLU, through the site. Padded
+        # positions enter the convolution as zeros (what it sees before the first token anyway)
+        xBC = zero_padding(xBC, mask)
+        if self.conv is None:
+            return F.silu(xBC)
+        return self.conv_output(F.silu(short_conv(xBC, self.conv.weight, self.conv.bias)))
+
+    def _ssm_inputs(self, xBC: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None):
+        # xBC (..., E + 2GN), dt (..., H) -> x (..., H, P), B and C (..., G, N), dt (..., H) > 0.
+        # x is zero at padded positions (the convolution's bias made it non-zero): they then add
+        # nothing to the state, which stays zero until the first token
+        x, B, C = xBC.split([self.E, self.G * self.N, self.G * self.N], dim=-1)
+        return (zero_padding(x, mask).unflatten(-1, (self.H, self.P)), B.unflatten(-1, (self.G, self.N)),
+                C.unflatten(-1, (self.G, self.N)), F.softplus(dt + self.dt_bias))
+
+    def _out(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        # y (..., H, P), z (..., E) -> gated RMSNorm -> out_proj: (..., D)
+        return self.out_proj(self.norm(y.flatten(-2), z))
+
+    # full sequence ----------------------------------------------------------------------------
+
+    def forward(self, u: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """u (B, L, D) -> (B, L, D); with keep (B, k) positions (the answer-only training path),
+        the output at those positions only, (B, k, D). mask (B, L): False at padding."""
+        fast = not self.state.wanted()
+        if keep is not None and fast:
+            return self._forward_at(u, keep, mask)
+        z, xBC, dt = self.in_proj(u).split([self.E, self.E + 2 * self.G * self.N, self.H], dim=-1)
+        x, B, C, dt = self._ssm_inputs(self._activated(xBC, mask), dt, mask)
+        A = -torch.exp(self.A_log)                                            # (H,)
+        if not fast:
+            # the state trajectory goes through its Site, where it may be read or patched
+            _, states = ssd_recurrent(x, dt, A, B, C, return_states=True)     # (B, L, H, P, N)
+            states = through_state_site(self.state, states, ssd_transition(dt, A))
+            y = ssd_readout(states, C, x, self.D)
+        elif use_kernels("mamba2", self.config.kernels, u.device):
+            mamba_chunk_scan_combined = ssd_kernel()
+            y = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=KERNEL_CHUNK_SIZE, D=self.D)
+        else:
+            y, _ = ssd_chunked(x, dt, A, B, C, self.chunk_size, self.D, output_final_state=False)   # (B, L, H, P)
+        out = self._out(y, z)
+        return out if keep is None else at_positions(out, keep)
+
+    def _forward_at(self, u: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        # the convolution and the SSM inputs are needed everywhere; the gate, the norm and the
+        # output projection only where the output is kept
+        w_z, w_rest = self.in_proj.weight.split([self.E, self.E + 2 * self.G * self.N + self.H], dim=0)
+        xBC, dt = F.linear(u, w_rest).split([self.E + 2 * self.G * self.N, self.H], dim=-1)
+        x, B, C, dt = self._ssm_inputs(self._activated(xBC, mask), dt, mask)
+        y = ssd_at(x, dt, -torch.exp(self.A_log), B, C, keep, self.D)        # (B, k, H, P)
+        return self._out(y, F.linear(at_positions(u, keep), w_z))
+
+    # one token --------------------------------------------------------------------------------
+
+    def step(self, u_t: torch.Tensor, state, mask: torch.Tensor | None = None):
+        """u_t (B, D). state: None at the start, else (conv window (B, K-1, E + 2GN) or None,
+        h (B, H, P, N)); mask (B,) False where u_t is padding. Returns (y_t (B, D), new_state).
+        One step of the reference loop."""
+        window, h = (None, None) if state is None else state
+        z, xBC, dt = self.in_proj(u_t).split([self.E, self.E + 2 * self.G * self.N, self.H], dim=-1)
+        xBC = zero_padding(xBC, mask)                                         # as in _activated
+        if self.conv is not None:
+            xBC, window = self.conv.step(xBC, window)
+        x, B, C, dt = self._ssm_inputs(F.silu(xBC), dt, mask)
+        y, h = ssd_recurrent(x[:, None], dt[:, None], -torch.exp(self.A_log), B[:, None], C[:, None],
+                             self.D, initial_state=h)
+        return self._out(y[:, 0], z), (window, h)

@@ -1,0 +1,273 @@
+"""Gated DeltaNet: the gated delta-rule computations agree (ops_gated_delta_rule.py), and the
+mixer keeps the contract."""
+import pytest
+import torch
+from torch.nn import functional as F
+
+from hf_mecheval.models.configuration_mecheval import GatedDeltaNetConfig
+from hf_mecheval.models.mixer_delta_net import delta_rule_recurrent
+from hf_mecheval.models.mixer_gated_delta_net import GatedDeltaNetMixer
+from hf_mecheval.models.ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_readout,
+                                                     gated_delta_rule_recurrent, gated_delta_rule_transition)
+from hf_mecheval.models.sites import rerun_from_patched_states
+
+f64 = torch.float64
+
+
+def _inputs(b=2, L=11, H=2, dk=4, dv=3, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(b, L, H, dk, generator=g, dtype=f64), dim=-1)
+    k = F.normalize(torch.randn(b, L, H, dk, generator=g, dtype=f64), dim=-1)
+    v = torch.randn(b, L, H, dv, generator=g, dtype=f64)
+    logdecay = -2 * torch.rand(b, L, H, generator=g, dtype=f64)
+    beta = torch.rand(b, L, H, generator=g, dtype=f64)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v, logdecay, beta)]
+
+
+def _mixer(seed=0, **kw):
+    torch.manual_seed(seed)
+    fields = dict(hidden_size=8, num_attention_heads=2, chunk_size=4)
+    fields.update(kw)
+    return GatedDeltaNetMixer(GatedDeltaNetConfig(**fields), layer_idx=0).double()
+
+
+def _x(B=2, L=11, D=8, seed=1):
+    return torch.randn(B, L, D, generator=torch.Generator().manual_seed(seed), dtype=f64)
+
+
+# ----------------------------------------------------------------------------------- the ops
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 5, 11, 64])
+def test_chunked_matches_recurrent(chunk):
+    q, k, v, g, beta = _inputs()
+    S0 = torch.randn(2, 2, 4, 3, dtype=f64)
+    o_ref, S_ref = gated_delta_rule_recurrent(q, k, v, g, beta, initial_state=S0)
+    o, S = gated_delta_rule_chunked(q, k, v, g, beta, chunk, initial_state=S0)
+    assert (o - o_ref).abs().max() <= 1e-10 and (S - S_ref).abs().max() <= 1e-10
+    o0, S0_ref = gated_delta_rule_recurrent(q, k, v, g, beta)        # from the zero state
+    o, S = gated_delta_rule_chunked(q, k, v, g, beta, chunk)
+    assert (o - o0).abs().max() <= 1e-10 and (S - S0_ref).abs().max() <= 1e-10
+    o, none = gated_delta_rule_chunked(q, k, v, g, beta, chunk, initial_state=S0, output_final_state=False)
+    assert none is None and (o - o_ref).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("chunk", [3, 4, 64])
+def test_chunked_gradients_match_recurrent(chunk):
+    inputs = _inputs(L=10, requires_grad=True)
+    S0 = torch.randn(2, 2, 4, 3, dtype=f64, requires_grad=True)
+    wo, wS = torch.randn(2, 10, 2, 3, dtype=f64), torch.randn(2, 2, 4, 3, dtype=f64)
+
+    def grads(fn):
+        o, S = fn(*inputs)
+        return torch.autograd.grad((o * wo).sum() + (S * wS).sum(), [*inputs, S0])
+
+    ref = grads(lambda *t: gated_delta_rule_recurrent(*t, initial_state=S0))
+    got = grads(lambda *t: gated_delta_rule_chunked(*t, chunk, initial_state=S0))
+    for g, r in zip(got, ref):
+        assert (g - r).abs().max() <= 1e-10
+
+
+def test_strong_decay_stays_finite():
+    q, k, v, g, beta = _inputs(L=40)
+    g = g * 30                                                       # alpha ~ e^-60: no overflow, no NaN
+    o_ref, _ = gated_delta_rule_recurrent(q, k, v, g, beta)
+    o, _ = gated_delta_rule_chunked(q, k, v, g, beta, 16)
+    assert torch.isfinite(o).all() and (o - o_ref).abs().max() <= 1e-10
+
+
+def test_no_decay_is_deltanets_delta_rule():
+    q, k, v, g, beta = _inputs()
+    o, S = gated_delta_rule_recurrent(q, k, v, torch.zeros_like(g), beta)
+    o_dn, S_dn = delta_rule_recurrent(*(t.transpose(1, 2) for t in (q, k, v, beta)))
+    assert torch.allclose(o, o_dn.transpose(1, 2)) and torch.allclose(S, S_dn)
+
+
+def test_states_are_the_trajectory():
+    q, k, v, g, beta = _inputs()
+    o, states = gated_delta_rule_recurrent(q, k, v, g, beta, return_states=True)
+    assert states.shape == (2, 11, 2, 4, 3)
+    assert torch.allclose(gated_delta_rule_readout(states, q), o)
+    # one step by hand: S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
+    t = 5
+    kt, vt = k[:, t], v[:, t]
+    bt, at = beta[:, t, :, None, None], torch.exp(g[:, t])[:, :, None, None]
+    eye = torch.eye(4, dtype=f64)
+    expected = at * (eye - bt * kt[..., :, None] * kt[..., None, :]) @ states[:, t - 1] + bt * kt[..., :, None] * vt[..., None, :]
+    assert torch.allclose(states[:, t], expected)
+
+
+def test_rerun_without_patch_is_identity_and_patch_restarts_the_recurrence():
+    q, k, v, g, beta = _inputs()
+    _, states = gated_delta_rule_recurrent(q, k, v, g, beta, return_states=True)
+    assert torch.equal(rerun_from_patched_states(states, states.clone(), gated_delta_rule_transition(k, g, beta)), states)
+    patched = states.clone()
+    patched[:, 4] = 0.0
+    out = rerun_from_patched_states(states, patched, gated_delta_rule_transition(k, g, beta))
+    assert torch.equal(out[:, :4], states[:, :4]) and torch.equal(out[:, 4], patched[:, 4])
+    _, tail = gated_delta_rule_recurrent(q[:, 5:], k[:, 5:], v[:, 5:], g[:, 5:], beta[:, 5:], return_states=True)
+    assert torch.allclose(out[:, 5:], tail)
+
+
+def test_ops_under_vmap_equal_each_copy():
+    K = 3
+    per_copy = [_inputs(seed=k) for k in range(K)]
+    stacked = [torch.stack(ts) for ts in zip(*per_copy)]
+    o = torch.func.vmap(lambda *t: gated_delta_rule_chunked(*t, 4)[0])(*stacked)
+    for kk, ins in enumerate(per_copy):
+        assert (o[kk] - gated_delta_rule_recurrent(*ins)[0]).abs().max() <= 1e-10
+
+
+# --------------------------------------------------------------------------------- the mixer
+
+MIXER_FIELDS = [dict(), dict(use_short_conv=False), dict(num_attention_heads=1), dict(expand_v=2),
+                dict(num_attention_heads=4, head_dim=3, expand_v=2, conv_kernel=2)]
+
+
+@pytest.mark.parametrize("fields", MIXER_FIELDS)
+def test_step_matches_forward(fields):
+    m = _mixer(**fields)
+    x = _x()
+    y = m(x)
+    assert y.shape == x.shape
+    state, ys = None, []
+    for t in range(x.shape[1]):
+        y_t, state = m.step(x[:, t], state)
+        ys.append(y_t)
+    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("use_short_conv", [True, False])
+def test_causal(use_short_conv):
+    m = _mixer(use_short_conv=use_short_conv)
+    x = _x()
+    x2 = x.clone()
+    x2[:, 6] += 1.0
+    y, y2 = m(x), m(x2)
+    assert torch.equal(y[:, :6], y2[:, :6])
+    assert (y[:, 6:] - y2[:, 6:]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("use_short_conv", [True, False])
+def test_gradients_reach_every_parameter(use_short_conv):
+    for materialize in (False, True):                                # fast path and state-site path
+        m = _mixer(use_short_conv=use_short_conv)
+        m.state.materialize = materialize
+        m(_x()).pow(2).sum().backward()
+        for name, p in m.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, (name, materialize)
+
+
+def test_sites():
+    m = _mixer(expand_v=2)
+    assert m.state.propagates and not m.conv_output.propagates
+    assert not hasattr(_mixer(use_short_conv=False), "conv_output")
+    seen = {}
+    h1 = m.conv_output.register_forward_hook(lambda mod, i, o: seen.__setitem__("conv", o))
+    h2 = m.state.register_forward_hook(lambda mod, i, o: seen.__setitem__("state", o))
+    m(_x())
+    h1.remove(), h2.remove()
+    assert seen["conv"].shape == (2, 11, 8 + 8 + 16)                  # q, k (2 heads x 4), v (2 x 8)
+    assert seen["state"].shape == (2, 11, 2, 4, 8)                   # (B, L, heads, dk, dv)
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(expand_v=2, use_short_conv=False)])
+def test_state_site_path_equals_fast_path(fields):
+    m = _mixer(**fields)
+    x = _x()
+    fast = m(x)
+    h = m.state.register_forward_hook(lambda mod, i, o: None)        # read-only hook
+    slow = m(x)
+    h.remove()
+    assert (slow - fast).abs().max() <= 1e-10
+    m.state.materialize = True
+    assert (m(x) - fast).abs().max() <= 1e-10
+
+
+def _by_hand_from(m, x, p, patch_at):
+    """The mixer's output when the state is replaced at positions ``patch_at`` ({t: S_t}) and the
+    rule runs by hand from there (independent of gated_delta_rule_transition / rerun_from_patched_states)."""
+    qkv, gate, a, b = m._project(x)
+    qkv = F.silu(torch.cat([conv(part) for conv, part in zip(
+        (m.q_conv1d, m.k_conv1d, m.v_conv1d), qkv.split([m.key_dim, m.key_dim, m.value_dim], dim=-1))], dim=-1))
+    q, k, v = m._heads(qkv)
+    g, beta = m._gates(a, b)
+    _, states = gated_delta_rule_recurrent(q, k, v, g, beta, return_states=True)
+    S, outs = states[:, p - 1], []
+    eye = torch.eye(m.dk, dtype=x.dtype)
+    for t in range(p, x.shape[1]):
+        kt, bt, at = k[:, t], beta[:, t, :, None, None], torch.exp(g[:, t])[:, :, None, None]
+        S = at * (eye - bt * kt[..., :, None] * kt[..., None, :]) @ S + bt * kt[..., :, None] * v[:, t, :, None, :]
+        if t in patch_at:
+            S = patch_at[t]
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
+    return m._out(torch.stack(outs, 1), gate[:, p:])
+
+
+def test_state_patch_equals_the_rule_run_by_hand_from_the_patched_state():
+    m = _mixer(expand_v=2)
+    x, p, q = _x(), 4, 8
+    seen = {}
+    h = m.state.register_forward_hook(lambda mod, i, o: seen.setdefault("states", o))
+    clean = m(x)
+    h.remove()
+    states = seen["states"]
+    new_p = states[:, p].clone()
+    new_p[:, 1, 2, 3] = 5.0                                          # one entry of S_p
+    new_q = torch.randn_like(states[:, q])                           # all of S_q
+
+    def patch(mod, i, o):
+        o = o.clone()
+        o[:, p], o[:, q] = new_p, new_q
+        return o
+
+    h = m.state.register_forward_hook(patch)
+    got = m(x)
+    h.remove()
+    assert torch.equal(got[:, :p], clean[:, :p])
+    want = _by_hand_from(m, x, p, {p: new_p, q: new_q})
+    assert (got[:, p:] - want).abs().max() <= 1e-10
+    assert ((got - clean).abs().amax(dim=(0, 2))[p:] > 1e-8).all()   # p and every later position
+
+
+def test_state_patch_gradients_reach_the_patch():
+    m = _mixer()
+    x, p = _x(), 5
+    new = torch.zeros(2, 2, 4, 4, dtype=f64, requires_grad=True)
+    h = m.state.register_forward_hook(
+        lambda mod, i, o: torch.cat([o[:, :p], (new + 1.0)[:, None], o[:, p + 1:]], dim=1))
+    m(x).pow(2).sum().backward()
+    h.remove()
+    assert new.grad is not None and new.grad.abs().sum() > 0
+
+
+def test_mixer_under_vmap_equals_each_copy():
+    copies = [_mixer(seed=k, expand_v=2) for k in range(3)]
+    params, buffers = torch.func.stack_module_state(copies)
+    x = torch.stack([_x(seed=k) for k in range(3)])
+    y = torch.func.vmap(lambda p, b, x: torch.func.functional_call(copies[0], (p, b), (x,)))(params, buffers, x)
+    for k, m in enumerate(copies):
+        assert (y[k] - m(x[k])).abs().max() <= 1e-10
+
+
+def test_float32_default_dtype_runs():
+    torch.manual_seed(0)
+    m = GatedDeltaNetMixer(GatedDeltaNetConfig(hidden_size=8, num_attention_heads=2, chunk_size=4), 0)
+    x = torch.randn(2, 11, 8)
+    y = m(x)
+    state, ys = None, []
+    for t in range(11):
+        y_t, state = m.step(x[:, t], state)
+        ys.append(y_t)
+    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-5
+
+
+def test_layout_and_initialisation_follow_flash_linear_attention():
+    m = _mixer(hidden_size=64, num_attention_heads=2, expand_v=2)   # dk 32, dv 64
+    assert (m.q_proj.out_features, m.k_proj.out_features, m.v_proj.out_features) == (64, 64, 128)
+    assert (m.g_proj.out_features, m.o_proj.in_features, m.a_proj.out_features) == (128, 128, 2)
+    assert all(lin.bias is None for lin in (m.q_proj, m.k_proj, m.v_proj, m.a_proj, m.b_proj, m.g_proj, m.o_proj))
+    assert m.q_conv1d.bias is None and m.o_norm.weight.shape == (64,)
+    A, dt = torch.exp(m.A_log), F.softplus(m.dt_bias)
+    assert ((A > 0) & (A <= 16)).all() and ((dt >= 1e-4 - 1e-9) & (dt <= 0.1 + 1e-9)).all()
+    default = GatedDeltaNetConfig(hidden_size=64)
+    assert (default.num_attention_heads, default.key_head_dim, default.value_head_dim) == (1, 64, 64)

@@ -1,0 +1,289 @@
+"""Mamba-2: the SSD computations agree (ops_ssd.py), and the mixer keeps the contract."""
+import pytest
+import torch
+from torch.nn import functional as F
+
+from hf_mecheval.models.configuration_mecheval import Mamba2Config
+from hf_mecheval.models.mixers import at_positions
+from hf_mecheval.models.mixer_mamba2 import Mamba2Mixer
+from hf_mecheval.models.ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
+from hf_mecheval.models.sites import rerun_from_patched_states
+
+f64 = torch.float64
+
+
+def _inputs(b=2, L=11, H=4, P=3, G=2, N=5, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, L, H, P, generator=g, dtype=f64)
+    dt = F.softplus(torch.randn(b, L, H, generator=g, dtype=f64))
+    A = -torch.rand(H, generator=g, dtype=f64) * 3 - 0.1
+    B = torch.randn(b, L, G, N, generator=g, dtype=f64)
+    C = torch.randn(b, L, G, N, generator=g, dtype=f64)
+    D = torch.randn(H, generator=g, dtype=f64)
+    return [t.requires_grad_(requires_grad) for t in (x, dt, A, B, C, D)]
+
+
+def _mixer(seed=0, **kw):
+    torch.manual_seed(seed)
+    fields = dict(hidden_size=8, d_state=4, head_dim=4, chunk_size=4)   # 4 heads
+    fields.update(kw)
+    return Mamba2Mixer(Mamba2Config(**fields), layer_idx=0).double()
+
+
+def _x(B=2, L=11, D=8, seed=1):
+    return torch.randn(B, L, D, generator=torch.Generator().manual_seed(seed), dtype=f64)
+
+
+# ----------------------------------------------------------------------------------- the ops
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 5, 11, 64])
+def test_chunked_matches_recurrent(chunk):
+    x, dt, A, B, C, D = _inputs()
+    h0 = torch.randn(2, 4, 3, 5, dtype=f64)
+    y_ref, h_ref = ssd_recurrent(x, dt, A, B, C, D, initial_state=h0)
+    y, h = ssd_chunked(x, dt, A, B, C, chunk, D, initial_state=h0)
+    assert (y - y_ref).abs().max() <= 1e-10 and (h - h_ref).abs().max() <= 1e-10
+    y0, _ = ssd_recurrent(x, dt, A, B, C, D)                         # from the zero state
+    y, none = ssd_chunked(x, dt, A, B, C, chunk, D, output_final_state=False)
+    assert none is None and (y - y0).abs().max() <= 1e-10
+    y, _ = ssd_chunked(x, dt, A, B, C, chunk, D, initial_state=h0, output_final_state=False)
+    assert (y - y_ref).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("chunk", [3, 4, 64])
+def test_chunked_gradients_match_recurrent(chunk):
+    inputs = _inputs(L=10, requires_grad=True)
+    h0 = torch.randn(2, 4, 3, 5, dtype=f64, requires_grad=True)
+    wy, wh = torch.randn(2, 10, 4, 3, dtype=f64), torch.randn(2, 4, 3, 5, dtype=f64)
+
+    def grads(fn):
+        y, h = fn()
+        return torch.autograd.grad((y * wy).sum() + (h * wh).sum(), [*inputs, h0])
+
+    x, dt, A, B, C, D = inputs
+    ref = grads(lambda: ssd_recurrent(x, dt, A, B, C, D, initial_state=h0))
+    got = grads(lambda: ssd_chunked(x, dt, A, B, C, chunk, D, initial_state=h0))
+    for g, r in zip(got, ref):
+        assert (g - r).abs().max() <= 1e-10
+
+
+def test_strong_decay_stays_finite():
+    x, dt, A, B, C, D = _inputs(L=40)
+    dt = dt * 50                                                     # exp(dt A) ~ 0: no overflow, no NaN
+    y_ref, _ = ssd_recurrent(x, dt, A, B, C, D)
+    y, _ = ssd_chunked(x, dt, A, B, C, 16, D)
+    assert torch.isfinite(y).all() and (y - y_ref).abs().max() <= 1e-10
+
+
+def test_states_are_the_trajectory():
+    x, dt, A, B, C, D = _inputs()
+    y, states = ssd_recurrent(x, dt, A, B, C, D, return_states=True)
+    assert states.shape == (2, 11, 4, 3, 5)
+    assert torch.allclose(ssd_readout(states, C, x, D), y)
+    # one step by hand: h_t = exp(dt_t A_h) h_{t-1} + dt_t x_t B_t^T, head h reads group h // 2
+    t, h = 5, 3
+    expected = (torch.exp(dt[:, t, h] * A[h])[:, None, None] * states[:, t - 1, h]
+                + dt[:, t, h, None, None] * x[:, t, h, :, None] * B[:, t, 1, None, :])
+    assert torch.allclose(states[:, t, h], expected)
+
+
+def test_answer_positions_match_gather_values_and_gradients():
+    inputs = _inputs(requires_grad=True)
+    keep = torch.tensor([[0, 6, 10], [10, 3, 3]])
+    w = torch.randn(2, 3, 4, 3, dtype=f64)
+    y_full, _ = ssd_recurrent(*inputs[:5], inputs[5])
+    want = y_full.gather(1, keep[..., None, None].expand(-1, -1, 4, 3))
+    ref = torch.autograd.grad((want * w).sum(), inputs)
+    got_y = ssd_at(*inputs[:5], keep, inputs[5])
+    assert (got_y - want).abs().max() <= 1e-10
+    for g, r in zip(torch.autograd.grad((got_y * w).sum(), inputs), ref):
+        assert (g - r).abs().max() <= 1e-10
+
+
+def test_rerun_without_patch_is_identity_and_patch_restarts_the_recurrence():
+    x, dt, A, B, C, D = _inputs()
+    _, states = ssd_recurrent(x, dt, A, B, C, return_states=True)
+    assert torch.equal(rerun_from_patched_states(states, states.clone(), ssd_transition(dt, A)), states)
+    patched = states.clone()
+    patched[:, 4] = 0.0
+    out = rerun_from_patched_states(states, patched, ssd_transition(dt, A))
+    assert torch.equal(out[:, :4], states[:, :4]) and torch.equal(out[:, 4], patched[:, 4])
+    _, tail = ssd_recurrent(x[:, 5:], dt[:, 5:], A, B[:, 5:], C[:, 5:], return_states=True)
+    assert torch.allclose(out[:, 5:], tail)                          # from zero at 4, as if it started there
+
+
+def test_ops_under_vmap_equal_each_copy():
+    # stacked copies: A and D per copy (parameters), the sequences per copy too
+    K = 3
+    per_copy = [_inputs(seed=k) for k in range(K)]
+    stacked = [torch.stack(ts) for ts in zip(*per_copy)]
+    y = torch.func.vmap(lambda x, dt, A, B, C, D: ssd_chunked(x, dt, A, B, C, 4, D)[0])(*stacked)
+    keep = torch.tensor([[2, 10], [7, 0]])
+    y_at = torch.func.vmap(lambda x, dt, A, B, C, D: ssd_at(x, dt, A, B, C, keep, D))(*stacked)
+    for k, ins in enumerate(per_copy):
+        ref, _ = ssd_recurrent(*ins[:5], ins[5])
+        assert (y[k] - ref).abs().max() <= 1e-10
+        assert (y_at[k] - ref.gather(1, keep[..., None, None].expand(-1, -1, 4, 3))).abs().max() <= 1e-10
+
+
+# --------------------------------------------------------------------------------- the mixer
+
+@pytest.mark.parametrize("fields", [dict(), dict(conv_kernel=0), dict(n_groups=2), dict(conv_kernel=2, head_dim=8)])
+def test_step_matches_forward(fields):
+    m = _mixer(**fields)
+    x = _x()
+    y = m(x)
+    assert y.shape == x.shape
+    state, ys = None, []
+    for t in range(x.shape[1]):
+        y_t, state = m.step(x[:, t], state)
+        ys.append(y_t)
+    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-10
+
+
+def test_causal():
+    m = _mixer()
+    x = _x()
+    x2 = x.clone()
+    x2[:, 6] += 1.0
+    y, y2 = m(x), m(x2)
+    assert torch.equal(y[:, :6], y2[:, :6])
+    assert (y[:, 6:] - y2[:, 6:]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(conv_kernel=0)])
+def test_gradients_reach_every_parameter(fields):
+    for materialize in (False, True):                                # fast path and state-site path
+        m = _mixer(**fields)
+        m.state.materialize = materialize
+        m(_x()).pow(2).sum().backward()
+        for name, p in m.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, (name, materialize)
+
+
+def test_answer_only_path_equals_gather_of_full_output():
+    m = _mixer(n_groups=2)
+    x = _x().requires_grad_()
+    keep = torch.tensor([[3], [10]])
+    w = torch.randn(2, 1, 8, dtype=f64)
+    full = at_positions(m(x), keep)
+    ref = torch.autograd.grad((full * w).sum(), [x, *m.parameters()])
+    got = m(x, keep=keep)
+    assert (got - full).abs().max() <= 1e-10
+    for g, r in zip(torch.autograd.grad((got * w).sum(), [x, *m.parameters()]), ref):
+        assert (g - r).abs().max() <= 1e-10
+
+
+def test_sites():
+    m = _mixer()
+    assert m.state.propagates and not m.conv_output.propagates
+    assert not hasattr(_mixer(conv_kernel=0), "conv_output")
+    seen = {}
+    h1 = m.conv_output.register_forward_hook(lambda mod, i, o: seen.__setitem__("conv", o))
+    h2 = m.state.register_forward_hook(lambda mod, i, o: seen.__setitem__("state", o))
+    m(_x())
+    h1.remove(), h2.remove()
+    assert seen["conv"].shape == (2, 11, 16 + 2 * 4)                  # x (E = 16), B, C (N = 4)
+    assert seen["state"].shape == (2, 11, 4, 4, 4)                   # (B, L, heads, head_dim, d_state)
+
+
+def test_state_site_path_equals_fast_path():
+    m = _mixer(n_groups=2)
+    x = _x()
+    fast = m(x)
+    h = m.state.register_forward_hook(lambda mod, i, o: None)        # read-only hook
+    slow = m(x)
+    h.remove()
+    assert (slow - fast).abs().max() <= 1e-10
+
+
+def _by_hand_from(m, x, p, patch_at):
+    """The mixer's output when the state is replaced at positions ``patch_at`` ({t: h_t}) and the
+    recurrence runs by hand from there (independent of ssd_transition / rerun_from_patched_states)."""
+    z, xBC, dt = m.in_proj(x).split([m.E, m.E + 2 * m.G * m.N, m.H], dim=-1)
+    xs, B, C, dt = m._ssm_inputs(m._activated(xBC, None), dt, None)
+    A = -torch.exp(m.A_log)
+    _, states = ssd_recurrent(xs, dt, A, B, C, return_states=True)
+    h, ys = states[:, p - 1], []
+    Bh, Ch = B.repeat_interleave(m.H // m.G, dim=2), C.repeat_interleave(m.H // m.G, dim=2)
+    for t in range(p, x.shape[1]):
+        h = torch.exp(dt[:, t] * A)[..., None, None] * h + (dt[:, t, :, None] * xs[:, t])[..., None] * Bh[:, t, :, None, :]
+        if t in patch_at:
+            h = patch_at[t]
+        ys.append((h @ Ch[:, t, :, :, None])[..., 0] + m.D[:, None] * xs[:, t])
+    return m._out(torch.stack(ys, 1), z[:, p:])
+
+
+def test_state_patch_equals_the_recurrence_run_by_hand_from_the_patched_state():
+    m = _mixer(n_groups=2)
+    x, p, q = _x(), 4, 8
+    seen = {}
+    h = m.state.register_forward_hook(lambda mod, i, o: seen.setdefault("states", o))
+    clean = m(x)
+    h.remove()
+    states = seen["states"]
+    new_p = states[:, p].clone()
+    new_p[:, 1, 2, 3] = 5.0                                          # one entry of h_p
+    new_q = torch.randn_like(states[:, q])                           # all of h_q
+
+    def patch(mod, i, o):
+        o = o.clone()
+        o[:, p], o[:, q] = new_p, new_q
+        return o
+
+    h = m.state.register_forward_hook(patch)
+    got = m(x)
+    h.remove()
+    assert torch.equal(got[:, :p], clean[:, :p])
+    want = _by_hand_from(m, x, p, {p: new_p, q: new_q})
+    assert (got[:, p:] - want).abs().max() <= 1e-10
+    assert ((got - clean).abs().amax(dim=(0, 2))[p:] > 1e-8).all()   # p and every later position
+
+
+def test_state_patch_gradients_reach_the_patch():
+    m = _mixer()
+    x, p = _x(), 5
+    new = torch.zeros(2, 4, 4, 4, dtype=f64, requires_grad=True)
+    h = m.state.register_forward_hook(
+        lambda mod, i, o: torch.cat([o[:, :p], (new + 1.0)[:, None], o[:, p + 1:]], dim=1))
+    m(x).pow(2).sum().backward()
+    h.remove()
+    assert new.grad is not None and new.grad.abs().sum() > 0
+
+
+def test_mixer_under_vmap_equals_each_copy():
+    copies = [_mixer(seed=k) for k in range(3)]
+    params, buffers = torch.func.stack_module_state(copies)
+    x = torch.stack([_x(seed=k) for k in range(3)])
+    keep = torch.tensor([[2], [9]])
+
+    def run(p, b, x, keep=None):
+        return torch.func.functional_call(copies[0], (p, b), (x,), {"keep": keep})
+
+    y = torch.func.vmap(run)(params, buffers, x)
+    y_at = torch.func.vmap(lambda p, b, x: run(p, b, x, keep))(params, buffers, x)
+    for k, m in enumerate(copies):
+        assert (y[k] - m(x[k])).abs().max() <= 1e-10
+        assert (y_at[k] - m(x[k], keep=keep)).abs().max() <= 1e-10
+
+
+def test_float32_default_dtype_runs():
+    torch.manual_seed(0)
+    m = Mamba2Mixer(Mamba2Config(hidden_size=8, d_state=4, head_dim=4, chunk_size=4), 0)
+    x = torch.randn(2, 11, 8)
+    y = m(x)
+    state, ys = None, []
+    for t in range(11):
+        y_t, state = m.step(x[:, t], state)
+        ys.append(y_t)
+    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-5
+
+
+def test_initialisation_follows_mamba_ssm():
+    m = _mixer(hidden_size=64, head_dim=16)                          # 8 heads
+    A = torch.exp(m.A_log)
+    dt = F.softplus(m.dt_bias)
+    assert ((A >= 1) & (A <= 16)).all() and torch.equal(m.D, torch.ones(8, dtype=f64))
+    assert ((dt >= 1e-3 - 1e-9) & (dt <= 0.1 + 1e-9)).all()
+    assert m.in_proj.out_features == 2 * 128 + 2 * 4 + 8 and m.in_proj.bias is None
+    assert m.conv.bias is not None and m.out_proj.bias is None
