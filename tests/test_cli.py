@@ -102,7 +102,7 @@ def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
 
 def test_sweeps_by_name_or_path(capsys, tmp_path):
     assert main(["sweep", "ar_position_embeddings", "--dry-run"]) == 0
-    assert "56 runs" in capsys.readouterr().out                      # 7 architectures x 2 x 2 widths x 4 rates
+    assert "112 runs" in capsys.readouterr().out      # 7 architectures x 2 position settings x 2 widths x 4 rates
     assert main(["sweep", "reference/ar", "--dry-run"]) == 0
     by_name = capsys.readouterr().out
     from hf_mecheval.training.sweep import SWEEPS_DIR

@@ -26,6 +26,8 @@ from ..io_utils import is_temporary
 RUN_FILES = {"command.txt", "run.json", "config.json", "generation_config.json", "model.safetensors",
              "training_args.bin", "trainer_state.json", "metrics.json", "README.md", "restoration_history.json",
              "records.json", "finished.json"}
+# the task's tokenizer, saved beside the model
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
 RUN_FOLDERS = {"interventions"}
 MARKS = ("command.txt", "run.json")
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -37,7 +39,14 @@ def _written_by_a_run(path: Path) -> bool:
         return True
     if path.is_dir() and not path.is_symlink():
         return name in RUN_FOLDERS or CHECKPOINT.fullmatch(name) is not None
-    return name in RUN_FILES
+    return name in RUN_FILES or name in TOKENIZER_FILES or name in _model_code_files()
+
+
+def _model_code_files() -> set[str]:
+    """The names of the model's code files, which a run saves beside the weights (its remote code)."""
+    from ..models.modeling_mecheval import remote_code_files
+
+    return {p.name for p in remote_code_files()}
 
 
 def check_replaceable(folder: str | os.PathLike, flag: str = "--overwrite") -> None:
