@@ -98,4 +98,5 @@ class BasedLinearAttention(nn.Module):
 # Based alternates BaseConv (even layers) with this linear attention (odd layers)
 register_architecture(ArchitectureSpec(
     name="based", config_class=BasedConfig, mixers={"base_conv": BaseConv, "based": BasedLinearAttention},
-    class_stem="Based", tiny_config={"feature_dim": 4, "max_filter_length": 16}))
+    class_stem="Based", tiny_config={"feature_dim": 4, "max_filter_length": 16},
+    test_variants=({"short_conv_kernel": "long", "long_filter_order": 8},)))

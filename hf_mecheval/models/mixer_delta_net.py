@@ -256,4 +256,5 @@ class DeltaNetMixer(nn.Module):
 
 register_architecture(ArchitectureSpec(
     name="deltanet", config_class=DeltaNetConfig, mixers={"delta_net": DeltaNetMixer}, class_stem="DeltaNet",
-    kernel_packages={"delta_net": ("fla",)}, tiny_config={"num_attention_heads": 2, "chunk_size": 4}))
+    kernel_packages={"delta_net": ("fla",)}, tiny_config={"num_attention_heads": 2, "chunk_size": 4},
+    test_variants=({"use_short_conv": False}, {"num_attention_heads": 1})))

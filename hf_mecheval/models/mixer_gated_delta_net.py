@@ -183,4 +183,5 @@ class GatedDeltaNetMixer(nn.Module):
 register_architecture(ArchitectureSpec(
     name="gated_deltanet", config_class=GatedDeltaNetConfig, mixers={"gated_delta_net": GatedDeltaNetMixer},
     class_stem="GatedDeltaNet", kernel_packages={"gated_delta_net": ("fla",)},
-    tiny_config={"num_attention_heads": 2, "expand_v": 2, "chunk_size": 4}))
+    tiny_config={"num_attention_heads": 2, "expand_v": 2, "chunk_size": 4},
+    test_variants=({"use_short_conv": False}, {"num_attention_heads": 1, "expand_v": 1})))

@@ -414,4 +414,5 @@ class MambaMixer(nn.Module):
 
 register_architecture(ArchitectureSpec(
     name="mamba", config_class=MambaConfig, mixers={"mamba": MambaMixer}, class_stem="Mamba",
-    kernel_packages={"mamba": ("mamba_ssm", "causal_conv1d")}, tiny_config={"d_state": 4}))
+    kernel_packages={"mamba": ("mamba_ssm", "causal_conv1d")}, tiny_config={"d_state": 4},
+    test_variants=({"conv_kernel": 0},)))

@@ -157,4 +157,5 @@ class Mamba2Mixer(nn.Module):
 # tiny: 4 heads of 4 channels, chunks that do not divide the tests' lengths
 register_architecture(ArchitectureSpec(
     name="mamba2", config_class=Mamba2Config, mixers={"mamba2": Mamba2Mixer}, class_stem="Mamba2",
-    kernel_packages={"mamba2": ("mamba_ssm",)}, tiny_config={"d_state": 4, "head_dim": 4, "chunk_size": 4}))
+    kernel_packages={"mamba2": ("mamba_ssm",)}, tiny_config={"d_state": 4, "head_dim": 4, "chunk_size": 4},
+    test_variants=({"conv_kernel": 0}, {"n_groups": 2}, {"conv_kernel": 2, "head_dim": 8})))

@@ -177,7 +177,7 @@ class MechEvalPreTrainedModel(PreTrainedModel):
         else:
             # the remote code (this folder) does not hold a plug-in's mixers: the checkpoint reloads
             # where hf-mecheval and the plug-in are installed, and says which plug-in that is
-            self.config.auto_map = None
+            self.config.__dict__.pop("auto_map", None)
             self.config.mecheval_plugin = spec.package
         super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
         if is_main_process and spec.builtin:

@@ -47,6 +47,9 @@ class ArchitectureSpec:
     """Mixer name -> the optional packages its fused kernel path imports (``kernels.py``)."""
     tiny_config: dict = dataclasses.field(default_factory=dict)
     """Config fields that, over ``TINY_SIZES``, make a tiny model for tests (sub-second)."""
+    test_variants: tuple = ()
+    """Further field sets over ``tiny_config`` (ablation switches such as no short convolution)
+    that the mixer contract test checks as well."""
     package: str = ""
     """What provides the architecture: the distribution or top-level module a checkpoint needs
     to reload (default: the config class's top-level module)."""
