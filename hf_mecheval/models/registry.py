@@ -22,7 +22,6 @@ carry.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 from .errors import ConfigError
 
@@ -109,7 +108,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {}
 """Architecture name -> spec, in registration order (built-ins first)."""
 MIXERS: dict[str, type] = {}
 """Mixer name (``config.layer_mixers()``) -> mixer class, over every registered architecture."""
-_subscribers: list[Callable[[ArchitectureSpec], None]] = []
+_subscribers: list = []          # functions of an ArchitectureSpec, called on registration
 
 
 def register_architecture(spec: ArchitectureSpec) -> ArchitectureSpec:
@@ -140,7 +139,7 @@ def register_architecture(spec: ArchitectureSpec) -> ArchitectureSpec:
     return spec
 
 
-def on_register(subscriber: Callable[[ArchitectureSpec], None]) -> None:
+def on_register(subscriber) -> None:
     """Call ``subscriber(spec)`` for every architecture registered so far and every later one."""
     if subscriber in _subscribers:
         return
