@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
     gen = data_commands.add_parser("generate", help="write one split of a preset as parquet",
-                                   description="Write one split of a preset as parquet (the dataset columns of SPEC §7).")
+                                   description="Write one split of a preset as parquet (the columns of a published dataset).")
     gen.add_argument("preset", choices=presets, metavar="PRESET", help=f"one of: {', '.join(presets)}")
     gen.add_argument("--split", choices=SPLITS, default="train", help="split (default: train)")
     gen.add_argument("-n", type=_non_negative_int, required=True, help="number of documents")

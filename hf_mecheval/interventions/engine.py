@@ -134,8 +134,9 @@ class InterventionEngine:
         # Every mixer is causal: a patch after the query (the answer position) or nowhere (-1)
         # cannot change the prediction at the query, which stays the corrupted run's, so those
         # rows are not run — except at the residual stream entering layers 1.. (layers.L.input),
-        # where they are: the answer position's no-effect check (SPEC §5) stays a real measurement
-        # there, and a later mixer that leaked the future would show in it. (Entering layer 0 the
+        # where they are: the answer position's no-effect check (a patch after the query must
+        # leave the prediction at the query unchanged) stays a real measurement there, and a
+        # later mixer that leaked the future would show in it. (Entering layer 0 the
         # answer position holds the same token in both documents: a patch there changes nothing.)
         example = torch.arange(B, device=stacked.device).repeat(len(names))     # (P*B,)
         patched = stacked >= 0

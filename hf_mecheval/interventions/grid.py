@@ -1,4 +1,4 @@
-"""The intervention grid of SPEC §5: corruption (key, value) x sites x layers x positions
+"""The intervention grid: corruption (key, value) x sites x layers x positions
 (key, value, divider, query, answer), over a set of documents, with metrics and the mechanism
 label.
 

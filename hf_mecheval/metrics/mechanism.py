@@ -1,4 +1,4 @@
-"""Which mechanism a trained model uses, from its restoration signature (SPEC §5).
+"""Which mechanism a trained model uses, from its restoration signature.
 
 Evidence: key corrupted, residual stream patched at the input of the last layer, at the key,
 value and query positions (for 2-layer models: ``layers.1.input``).

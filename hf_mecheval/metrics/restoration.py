@@ -1,4 +1,4 @@
-"""Restoration scores of interchange interventions (SPEC §5).
+"""Restoration scores of interchange interventions.
 
 For one (site, layer, position) cell and N examples with probabilities of the clean answer
 ``p_clean`` (clean run), ``p_corrupt`` (corrupted run) and ``p_patched`` (corrupted run with the

@@ -1,4 +1,4 @@
-"""Associative recall (AR), SPEC §2.1.
+"""Associative recall (AR).
 
 Document layout for ``n`` pairs (2n + 5 tokens; positions 0-based)::
 

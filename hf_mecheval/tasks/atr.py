@@ -1,4 +1,4 @@
-"""Associative treecall (ATR), SPEC §2.2.
+"""Associative treecall (ATR).
 
 A preset is one *language*: a grammar sampled from ``grammar_seed`` (see :mod:`.grammar`);
 the data seed varies the documents only. Layout, exactly parallel to AR::

@@ -1,4 +1,4 @@
-"""Corrupted documents for interchange interventions (SPEC §2.3).
+"""Corrupted documents for interchange interventions.
 
 The token at a position (``key_pos`` or ``value_pos``) is replaced by another token of the
 *same class* — another key for a key, another value for a value, another terminal for a

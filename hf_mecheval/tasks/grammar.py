@@ -1,4 +1,4 @@
-"""Random leveled PCFGs and vectorised sentence generation with the dependency tree (SPEC §2.2).
+"""Random leveled PCFGs and vectorised sentence generation with the dependency tree.
 
 Symbols are encoded in one integer space: ``0 .. N-1`` are nonterminals, ``N + t`` is terminal
 ``t`` (``0 <= t < T``).

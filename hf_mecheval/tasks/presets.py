@@ -1,4 +1,4 @@
-"""Named task presets (SPEC §2, §7). A preset fixes the task configuration — for ATR the
+"""Named task presets. A preset fixes the task configuration — for ATR the
 grammar too, so a preset is one language — and the reference dataset sizes."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class Preset:
     description: str
     train_size: int = 100_032
     eval_size: int = 1_024    # validation and test each
-    lr_scheduler: str = "cosine"   # the reference's schedule shape for this task (SPEC §4)
+    lr_scheduler: str = "cosine"   # the reference's schedule shape for this task
 
 
 PRESETS: dict[str, Preset] = {

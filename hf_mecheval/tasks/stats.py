@@ -1,4 +1,4 @@
-"""Statistics of generated data: what a model could exploit (SPEC §2.2)."""
+"""Statistics of generated data: what a model could exploit."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,6 @@
 """Command-line / config-file arguments of a training run (``HfArgumentParser`` dataclasses).
 
-Defaults are the reference recipe (SPEC §4): AdamW, weight decay 0, betas (0.9, 0.999), cosine
+Defaults are the reference recipe (the paper's training setup): AdamW, weight decay 0, betas (0.9, 0.999), cosine
 schedule with 10 % linear warm-up (linear decay for atr_gen and atr_sibling, as the reference:
 the preset says so and ``parse`` applies it unless --lr_scheduler_type is given), batch 32, fp32,
 answer-only loss, 100 032 training documents, 16 epochs for AR and 32 for ATR, evaluation on

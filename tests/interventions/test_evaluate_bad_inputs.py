@@ -139,7 +139,7 @@ def test_zero_documents_or_batch_size(run_dir, capsys, no_grid, flags, keyword, 
 
 @pytest.mark.parametrize("flags, message", [(["-n", str(10**12)], "resamples of 1,000,000,000,000 documents"),
                                             (["-n", "64", "--resamples", str(10**12)], "1,000,000,000,000 resamples"),
-                                            (["-n", str(10**8), "--resamples", "0"], "100,000,000 documents of ar")])
+                                            (["-n", str(10**10), "--resamples", "0"], "10,000,000,000 documents of ar")])
 def test_sizes_beyond_memory_are_refused_with_the_estimate(run_dir, capsys, no_grid, flags, message):
     assert mecheval(["evaluate", str(run_dir), *flags]) == 2
     line = one_error(capsys)
