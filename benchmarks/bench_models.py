@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from hf_mecheval.models import build_model
+from hf_mecheval.models import architecture_names, build_model
 from hf_mecheval.tasks import build_task
 
 VOCAB, LENGTH, BATCH = 8196, 37, 32
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (the issue's setting) or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    archs = ["transformer", "based", "baseconv", "h3", "hyena", "mamba", "deltanet", "mamba2", "gated_deltanet"]
+    archs = architecture_names()          # every registered architecture, plug-ins included
     data = [(i.to(args.device), l.to(args.device)) for i, l in batches(args.steps)]
     results: dict[tuple[str, int], float] = {}
     for d in args.hidden:

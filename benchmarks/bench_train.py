@@ -14,12 +14,12 @@ import time
 import torch
 from transformers import Trainer, TrainerCallback, get_cosine_schedule_with_warmup
 
-from hf_mecheval.models import build_model
+from hf_mecheval.models import architecture_names, build_model
 from hf_mecheval.tasks import build_task
 from hf_mecheval.training.arguments import MechEvalTrainingArguments
 from hf_mecheval.training.data import PaddedTaskDataset, batch_collator
 
-ARCHS = ["transformer", "based", "baseconv", "h3", "hyena", "mamba", "deltanet"]
+ARCHS = architecture_names()
 
 
 class StepTimer(TrainerCallback):

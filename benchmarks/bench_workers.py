@@ -19,9 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ARCHS = ["transformer", "based", "baseconv", "h3", "hyena", "mamba", "deltanet"]
-
-
 def start(arch: str, hidden: int, steps: int, out: Path, threads: int) -> subprocess.Popen:
     flags = ["--task", "ar_32", "--architecture", arch, "--hidden_size", str(hidden), "--train_size", "6400",
              "--eval_size", "32", "--max_steps", str(steps), "--eval_strategy", "no", "--save_strategy", "no",
@@ -49,7 +46,9 @@ def layout(arch: str, hidden: int, steps: int, processes: int, threads: int, tmp
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", default=["transformer", "mamba"], choices=ARCHS)
+    from hf_mecheval.models import architecture_names
+
+    parser.add_argument("--only", nargs="+", default=["transformer", "mamba"], choices=architecture_names())
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=2)

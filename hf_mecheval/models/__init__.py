@@ -1,44 +1,53 @@
-"""The architectures as Hugging Face models (``ARCHITECTURES``).
+"""The architectures as Hugging Face models, from the architecture registry (``registry.py``).
 
-``import hf_mecheval`` registers every config and model with ``AutoConfig``, ``AutoModel`` and
-``AutoModelForCausalLM``::
+``import hf_mecheval`` registers every registered config and model with ``AutoConfig``,
+``AutoModel`` and ``AutoModelForCausalLM`` (and any architecture registered later, as plug-ins
+are)::
 
     config = AutoConfig.for_model("mecheval-mamba", hidden_size=128, conv_kernel=4, vocab_size=8196)
     model = AutoModelForCausalLM.from_config(config)
 
-Every module here but this one and ``stacked.py`` is the models' self-contained code (relative
-imports only, within this folder), which a saved model carries as its remote code.
+Architectures are looked up by name with :func:`get_architecture` (which loads plug-ins' entry
+points the first time a name is not among the registered ones: ``plugins.py``).
+
+Every module here but this one, ``plugins.py`` and ``stacked.py`` is the models' self-contained code
+(relative imports only, within this folder), which a saved model carries as its remote code.
 """
-from .configuration_mecheval import (ARCHITECTURES, BasedConfig, BaseConvConfig, DeltaNetConfig,
-                                     GatedDeltaNetConfig, H3Config, HyenaConfig, Mamba2Config, MambaConfig,
-                                     MechEvalConfig, TransformerConfig)
+from .configuration_mecheval import (BasedConfig, BaseConvConfig, DeltaNetConfig, GatedDeltaNetConfig, H3Config,
+                                     HyenaConfig, Mamba2Config, MambaConfig, MechEvalConfig, TransformerConfig)
 from .modeling_mecheval import MODEL_CLASSES, MechEvalForCausalLM, MechEvalModel, auto_map, save_remote_code
+from .plugins import architecture_names, get_architecture, load_plugins, require_checkpoint_architecture
+from .registry import ARCHITECTURES, MIXERS, TINY_SIZES, ArchitectureSpec, on_register, register_architecture
 
 _registered = False
 
 
-def register_auto_classes() -> None:
-    """Register every model type with the transformers Auto classes (idempotent)."""
-    global _registered
-    if _registered:
-        return
+def _register_with_auto_classes(spec: ArchitectureSpec) -> None:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    for config_cls, model_cls, lm_cls in MODEL_CLASSES.values():
-        AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
-        AutoModel.register(config_cls, model_cls, exist_ok=True)
-        AutoModelForCausalLM.register(config_cls, lm_cls, exist_ok=True)
-    _registered = True
+    config_cls, model_cls, lm_cls = MODEL_CLASSES[spec.name]
+    AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
+    AutoModel.register(config_cls, model_cls, exist_ok=True)
+    AutoModelForCausalLM.register(config_cls, lm_cls, exist_ok=True)
+
+
+def register_auto_classes() -> None:
+    """Register every architecture, and every one registered later, with the transformers Auto
+    classes (idempotent)."""
+    global _registered
+    if not _registered:
+        on_register(_register_with_auto_classes)
+        _registered = True
+
+
+def model_classes(architecture: str) -> tuple[type, type, type]:
+    """(config class, base model class, causal LM class) of a registered architecture (or plug-in)."""
+    return MODEL_CLASSES[get_architecture(architecture).name]
 
 
 def build_model(architecture: str, **config_fields) -> MechEvalForCausalLM:
     """A freshly initialised causal LM, e.g. ``build_model("mamba", hidden_size=64, conv_kernel=0)``."""
-    from .errors import ConfigError
-
-    if architecture not in MODEL_CLASSES:
-        raise ConfigError("architecture", f"unknown architecture {architecture!r}; choose one of "
-                                          f"{', '.join(MODEL_CLASSES)}")
-    config_cls, _, lm_cls = MODEL_CLASSES[architecture]
+    config_cls, _, lm_cls = model_classes(architecture)
     return lm_cls(config_cls(**config_fields))
 
 
@@ -65,7 +74,9 @@ def count_parameters(config) -> int:
     return total + (config.num_hidden_layers - built.num_hidden_layers) * sum(per_layer) // len(per_layer)
 
 
-__all__ = ["ARCHITECTURES", "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "H3Config",
-           "HyenaConfig", "Mamba2Config", "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES",
-           "MechEvalForCausalLM", "MechEvalModel", "auto_map", "save_remote_code", "register_auto_classes", "build_model",
+__all__ = ["ARCHITECTURES", "MIXERS", "TINY_SIZES", "ArchitectureSpec", "register_architecture", "on_register",
+           "get_architecture", "architecture_names", "load_plugins", "require_checkpoint_architecture",
+           "BasedConfig", "BaseConvConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "H3Config", "HyenaConfig",
+           "Mamba2Config", "MambaConfig", "MechEvalConfig", "TransformerConfig", "MODEL_CLASSES", "MechEvalForCausalLM",
+           "MechEvalModel", "auto_map", "save_remote_code", "register_auto_classes", "model_classes", "build_model",
            "count_parameters"]

@@ -1,4 +1,5 @@
-"""Configurations of the architectures (``ARCHITECTURES`` at the end).
+"""Configurations of the built-in architectures (each registered, with its mixers, at the end of its
+mixer file: ``registry.py``).
 
 All share :class:`MechEvalConfig`'s fields (Hugging Face names: ``vocab_size``,
 ``hidden_size``, ``num_hidden_layers``, ``max_position_embeddings`` — 0 means no position
@@ -105,7 +106,7 @@ class MechEvalConfig(PreTrainedConfig):
         _choice(self, "kernels", KERNEL_CHOICES)
 
     def layer_mixers(self) -> list[str]:
-        """Name of the sequence mixer of each layer (see ``MIXERS`` in ``modeling_mecheval.py``)."""
+        """Name of the sequence mixer of each layer (as registered: ``MIXERS`` in ``registry.py``)."""
         raise NotImplementedError
 
 
@@ -390,15 +391,3 @@ class GatedDeltaNetConfig(MechEvalConfig):
     def layer_mixers(self) -> list[str]:
         return ["gated_delta_net"] * self.num_hidden_layers
 
-
-ARCHITECTURES: dict[str, type[MechEvalConfig]] = {
-    "transformer": TransformerConfig,
-    "based": BasedConfig,
-    "baseconv": BaseConvConfig,
-    "h3": H3Config,
-    "hyena": HyenaConfig,
-    "mamba": MambaConfig,
-    "deltanet": DeltaNetConfig,
-    "mamba2": Mamba2Config,
-    "gated_deltanet": GatedDeltaNetConfig,
-}

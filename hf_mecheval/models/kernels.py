@@ -13,12 +13,9 @@ import torch
 from transformers.utils import logging
 
 from .errors import ConfigError
+from .registry import kernel_packages
 
 logger = logging.get_logger(__name__)
-
-# mixer -> the packages its kernel path imports
-PACKAGES = {"mamba": ("mamba_ssm", "causal_conv1d"), "delta_net": ("fla",),
-            "mamba2": ("mamba_ssm",), "gated_delta_net": ("fla",)}
 
 
 @functools.cache
@@ -28,7 +25,7 @@ def _installed(package: str) -> bool:
 
 def use_kernels(mixer: str, mode: str, device: torch.device | None = None) -> bool:
     """Whether ``mixer`` should run its fused kernels under ``mode``."""
-    packages = PACKAGES.get(mixer, ())
+    packages = kernel_packages(mixer)          # declared by the mixer's architecture spec
     available = torch.cuda.is_available() and bool(packages) and all(_installed(p) for p in packages)
     if device is not None and device.type != "cuda":
         available = False

@@ -9,6 +9,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from .mixers import at_positions
+from .configuration_mecheval import TransformerConfig
+from .registry import ArchitectureSpec, register_architecture
 
 
 def visible_keys(L: int, positions: torch.Tensor | None, mask: torch.Tensor | None, device) -> torch.Tensor:
@@ -93,3 +95,8 @@ class CausalSelfAttention(nn.Module):
         visible[:, -1] = True
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
         return self.out_proj(y.reshape(x_t.shape)), (k, v, real)
+
+
+register_architecture(ArchitectureSpec(
+    name="transformer", config_class=TransformerConfig, mixers={"attention": CausalSelfAttention},
+    class_stem="Transformer", tiny_config={"max_position_embeddings": 16}))

@@ -11,6 +11,8 @@ from torch import nn
 from .convolutions import ImplicitFilter, ShortConv, causal_conv
 from .mixers import zero_padding
 from .sites import Site
+from .configuration_mecheval import BaseConvConfig
+from .registry import ArchitectureSpec, register_architecture
 
 
 class BaseConv(nn.Module):
@@ -47,3 +49,8 @@ class BaseConv(nn.Module):
         else:
             c, state = self.conv.step(conv_in, state)
         return c * self.projection(u_t) + u_t, state
+
+
+register_architecture(ArchitectureSpec(
+    name="baseconv", config_class=BaseConvConfig, mixers={"base_conv": BaseConv}, class_stem="BaseConv",
+    tiny_config={"kernel_schedule": [3, "long"], "long_filter_order": 8, "max_filter_length": 16}))

@@ -21,6 +21,9 @@ import torch
 from torch import nn
 
 from .sites import Site, through_state_site
+from .configuration_mecheval import BasedConfig
+from .mixer_base_conv import BaseConv
+from .registry import ArchitectureSpec, register_architecture
 
 EPS = 1e-12
 
@@ -90,3 +93,10 @@ class BasedLinearAttention(nn.Module):
             z = state[1] + fk
         y = (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + EPS)
         return self.out_proj(y.reshape(B, D)), (S, z)
+
+
+# Based alternates BaseConv (even layers) with this linear attention (odd layers)
+register_architecture(ArchitectureSpec(
+    name="based", config_class=BasedConfig, mixers={"base_conv": BaseConv, "based": BasedLinearAttention},
+    class_stem="Based", tiny_config={"feature_dim": 4, "max_filter_length": 16},
+    test_variants=({"short_conv_kernel": "long", "long_filter_order": 8},)))

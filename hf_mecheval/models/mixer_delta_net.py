@@ -33,6 +33,8 @@ from .kernels import delta_rule_kernel, use_kernels
 from .convolutions import ShortConv
 from .mixers import zero_padding
 from .sites import Site, through_state_site
+from .configuration_mecheval import DeltaNetConfig
+from .registry import ArchitectureSpec, register_architecture
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,3 +252,9 @@ class DeltaNetMixer(nn.Module):
         S = _delta_update(S, k, v, beta)                                 # (B, H, dk, dv)
         o = torch.einsum("bhkv,bhk->bhv", S, q)                          # (B, H, dv)
         return self._out(o), {"conv": conv, "S": S}
+
+
+register_architecture(ArchitectureSpec(
+    name="deltanet", config_class=DeltaNetConfig, mixers={"delta_net": DeltaNetMixer}, class_stem="DeltaNet",
+    kernel_packages={"delta_net": ("fla",)}, tiny_config={"num_attention_heads": 2, "chunk_size": 4},
+    test_variants=({"use_short_conv": False}, {"num_attention_heads": 1})))

@@ -47,6 +47,8 @@ from .ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_re
                                    gated_delta_rule_transition)
 from .ops_short_conv import short_conv
 from .sites import Site, through_state_site
+from .configuration_mecheval import GatedDeltaNetConfig
+from .registry import ArchitectureSpec, register_architecture
 
 # flash-linear-attention hard-codes these for Gated DeltaNet (they are not config fields there)
 A_INIT_RANGE = (0.0, 16.0)
@@ -176,3 +178,10 @@ class GatedDeltaNetMixer(nn.Module):
         o, S = gated_delta_rule_recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
                                           initial_state=state["S"] if state is not None else None)
         return self._out(o[:, 0], gate), {"conv": conv, "S": S}
+
+
+register_architecture(ArchitectureSpec(
+    name="gated_deltanet", config_class=GatedDeltaNetConfig, mixers={"gated_delta_net": GatedDeltaNetMixer},
+    class_stem="GatedDeltaNet", kernel_packages={"gated_delta_net": ("fla",)},
+    tiny_config={"num_attention_heads": 2, "expand_v": 2, "chunk_size": 4},
+    test_variants=({"use_short_conv": False}, {"num_attention_heads": 1, "expand_v": 1})))

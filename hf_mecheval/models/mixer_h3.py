@@ -36,6 +36,8 @@ from torch.nn import functional as F
 from .convolutions import ShortConv, causal_conv
 from .sites import Site, through_state_site
 from .mixers import at_positions, fold_copies, zero_padding
+from .configuration_mecheval import H3Config
+from .registry import ArchitectureSpec, register_architecture
 
 
 class PowerSumTaps(torch.autograd.Function):
@@ -229,3 +231,8 @@ class H3(nn.Module):
         h = a * h + b * u[..., None]                                           # (B, D*P, N)
         s = (h * C).sum(-1) + D * u
         return self.out_proj(self._contract(q, s)), (window, h)
+
+
+register_architecture(ArchitectureSpec(
+    name="h3", config_class=H3Config, mixers={"h3": H3}, class_stem="H3",
+    tiny_config={"d_state": 8, "head_dim": 2}))

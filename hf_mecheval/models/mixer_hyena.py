@@ -19,6 +19,8 @@ from torch import nn
 from .convolutions import ImplicitFilter, ShortConv, causal_conv
 from .mixers import zero_padding
 from .sites import Site
+from .configuration_mecheval import HyenaConfig
+from .registry import ArchitectureSpec, register_architecture
 
 
 class HyenaOperator(nn.Module):
@@ -56,3 +58,8 @@ class HyenaOperator(nn.Module):
         h = self.filter(t).flip(-1)                                    # (D, t): column s = tap for lag t-1-s
         y = torch.einsum("bsd,ds->bd", history, h) + self.bias * v
         return self.out_proj(y * x0), (window, history)
+
+
+register_architecture(ArchitectureSpec(
+    name="hyena", config_class=HyenaConfig, mixers={"hyena": HyenaOperator}, class_stem="Hyena",
+    tiny_config={"filter_order": 8, "max_filter_length": 16}))

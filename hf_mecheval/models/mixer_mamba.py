@@ -26,6 +26,8 @@ from .kernels import mamba_kernels, use_kernels
 from .convolutions import ShortConv
 from .sites import Site, through_state_site
 from .mixers import at_positions, fold_copies, zero_padding
+from .configuration_mecheval import MambaConfig
+from .registry import ArchitectureSpec, register_architecture
 
 
 def selective_scan_reference(x, dt, A, B, C):
@@ -408,3 +410,9 @@ class MambaMixer(nn.Module):
         h = dBx if h is None else torch.exp(dt[..., None] * A) * h + dBx
         y = (h @ C[..., None]).squeeze(-1) + self.D * x
         return self.out_proj(y * F.silu(z)), (window, h)
+
+
+register_architecture(ArchitectureSpec(
+    name="mamba", config_class=MambaConfig, mixers={"mamba": MambaMixer}, class_stem="Mamba",
+    kernel_packages={"mamba": ("mamba_ssm", "causal_conv1d")}, tiny_config={"d_state": 4},
+    test_variants=({"conv_kernel": 0},)))

@@ -38,6 +38,8 @@ from .norms import GatedRMSNorm
 from .ops_short_conv import short_conv
 from .ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from .sites import Site, through_state_site
+from .configuration_mecheval import Mamba2Config
+from .registry import ArchitectureSpec, register_architecture
 
 KERNEL_CHUNK_SIZE = 256   # mamba-ssm's default; the chunking changes the blocking, not the result
 
@@ -150,3 +152,10 @@ class Mamba2Mixer(nn.Module):
         y, h = ssd_recurrent(x[:, None], dt[:, None], -torch.exp(self.A_log), B[:, None], C[:, None],
                              self.D, initial_state=h)
         return self._out(y[:, 0], z), (window, h)
+
+
+# tiny: 4 heads of 4 channels, chunks that do not divide the tests' lengths
+register_architecture(ArchitectureSpec(
+    name="mamba2", config_class=Mamba2Config, mixers={"mamba2": Mamba2Mixer}, class_stem="Mamba2",
+    kernel_packages={"mamba2": ("mamba_ssm",)}, tiny_config={"d_state": 4, "head_dim": 4, "chunk_size": 4},
+    test_variants=({"conv_kernel": 0}, {"n_groups": 2}, {"conv_kernel": 2, "head_dim": 8})))

@@ -1,4 +1,4 @@
-"""The shared backbone and the Hugging Face model classes of all nine architectures.
+"""The shared backbone and the Hugging Face model classes of every registered architecture.
 
     token embedding (+ learned positions when max_position_embeddings > 0)
       -> num_hidden_layers x Block -> final LayerNorm -> LM head tied to the embedding (no bias)
@@ -39,26 +39,13 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 
-from .configuration_mecheval import (BasedConfig, BaseConvConfig, DeltaNetConfig, GatedDeltaNetConfig, H3Config,
-                                     HyenaConfig, Mamba2Config, MambaConfig, MechEvalConfig, TransformerConfig)
+from .builtin_architectures import CausalSelfAttention  # noqa: F401  (registers every built-in architecture)
+from .configuration_mecheval import MechEvalConfig
 from .errors import MechEvalError
-from .mixer_attention import CausalSelfAttention
-from .mixer_base_conv import BaseConv
-from .mixer_based import BasedLinearAttention
-from .mixer_delta_net import DeltaNetMixer
-from .mixer_gated_delta_net import GatedDeltaNetMixer
-from .mixer_h3 import H3
-from .mixer_hyena import HyenaOperator
-from .mixer_mamba import MambaMixer
-from .mixer_mamba2 import Mamba2Mixer
 from .mixers import at_positions
 from .recurrent_cache import RecurrentCache
+from .registry import ArchitectureSpec, mixer_class, on_register, spec_for_config
 from .sites import Site
-
-# the names config.layer_mixers() uses -> mixer classes (the mixer contract: mixers.py)
-MIXERS = {"attention": CausalSelfAttention, "based": BasedLinearAttention, "base_conv": BaseConv, "h3": H3,
-          "hyena": HyenaOperator, "mamba": MambaMixer, "delta_net": DeltaNetMixer, "mamba2": Mamba2Mixer,
-          "gated_delta_net": GatedDeltaNetMixer}
 
 IGNORE_INDEX = -100
 
@@ -117,7 +104,7 @@ class Block(GradientCheckpointingLayer):
         self.input = Site("residual stream entering the block, (batch, length, hidden)")
         self.mixer_norm = _norm(config)
         self.mixer_input = Site("normalised residual stream entering the mixer")
-        self.mixer = MIXERS[config.layer_mixers()[layer_idx]](config, layer_idx)
+        self.mixer = mixer_class(config.layer_mixers()[layer_idx])(config, layer_idx)
         self.mixer_output = Site("mixer output, before the residual addition")
         if config.use_mlp:
             self.mlp_norm = _norm(config)
@@ -184,9 +171,16 @@ class MechEvalPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
         """transformers' save_pretrained, plus this model's code and ``auto_map`` (``save_remote_code``)."""
-        self.config.auto_map = auto_map(type(self.config))
+        spec = spec_for_config(type(self.config))
+        if spec.builtin:
+            self.config.auto_map = auto_map(type(self.config))
+        else:
+            # the remote code (this folder) does not hold a plug-in's mixers: the checkpoint reloads
+            # where hf-mecheval and the plug-in are installed, and says which plug-in that is
+            self.config.__dict__.pop("auto_map", None)
+            self.config.mecheval_plugin = spec.package
         super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
-        if is_main_process:
+        if is_main_process and spec.builtin:
             save_remote_code(save_directory)
 
 
@@ -397,96 +391,37 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
 
 
 # ------------------------------------------------------------- one class pair per architecture
-class MechEvalTransformerModel(MechEvalModel):
-    config_class = TransformerConfig
+MODEL_CLASSES: dict[str, tuple[type, type, type]] = {}
+"""Architecture name -> (config, base model, causal LM), for every registered architecture."""
 
 
-class MechEvalTransformerForCausalLM(MechEvalForCausalLM):
-    config_class = TransformerConfig
+def _add_model_classes(spec: ArchitectureSpec) -> None:
+    """Make the architecture's thin class pair (named after its spec, as config.json's
+    ``architectures`` and ``auto_map`` name them) and put it in this module's namespace, where
+    transformers' remote-code loader looks classes up by name."""
+    classes = []
+    for name, base in ((spec.model_class_name, MechEvalModel), (spec.causal_lm_class_name, MechEvalForCausalLM)):
+        existing = globals().get(name)
+        if existing is not None and getattr(existing, "config_class", None) is spec.config_class:
+            classes.append(existing)
+            continue
+        if existing is not None:
+            raise MechEvalError(f"architecture {spec.name!r}: the class name {name} is taken")
+        made = type(name, (base,), {"config_class": spec.config_class, "__module__": __name__,
+                                    "__doc__": f"{base.__name__} of the {spec.name} architecture."})
+        made.__qualname__ = name
+        globals()[name] = made
+        classes.append(made)
+    MODEL_CLASSES[spec.name] = (spec.config_class, *classes)
 
 
-class MechEvalBasedModel(MechEvalModel):
-    config_class = BasedConfig
-
-
-class MechEvalBasedForCausalLM(MechEvalForCausalLM):
-    config_class = BasedConfig
-
-
-class MechEvalBaseConvModel(MechEvalModel):
-    config_class = BaseConvConfig
-
-
-class MechEvalBaseConvForCausalLM(MechEvalForCausalLM):
-    config_class = BaseConvConfig
-
-
-class MechEvalH3Model(MechEvalModel):
-    config_class = H3Config
-
-
-class MechEvalH3ForCausalLM(MechEvalForCausalLM):
-    config_class = H3Config
-
-
-class MechEvalHyenaModel(MechEvalModel):
-    config_class = HyenaConfig
-
-
-class MechEvalHyenaForCausalLM(MechEvalForCausalLM):
-    config_class = HyenaConfig
-
-
-class MechEvalMambaModel(MechEvalModel):
-    config_class = MambaConfig
-
-
-class MechEvalMambaForCausalLM(MechEvalForCausalLM):
-    config_class = MambaConfig
-
-
-class MechEvalDeltaNetModel(MechEvalModel):
-    config_class = DeltaNetConfig
-
-
-class MechEvalDeltaNetForCausalLM(MechEvalForCausalLM):
-    config_class = DeltaNetConfig
-
-
-class MechEvalMamba2Model(MechEvalModel):
-    config_class = Mamba2Config
-
-
-class MechEvalMamba2ForCausalLM(MechEvalForCausalLM):
-    config_class = Mamba2Config
-
-
-class MechEvalGatedDeltaNetModel(MechEvalModel):
-    config_class = GatedDeltaNetConfig
-
-
-class MechEvalGatedDeltaNetForCausalLM(MechEvalForCausalLM):
-    config_class = GatedDeltaNetConfig
-
-
-# architecture -> (config, base model, causal LM)
-MODEL_CLASSES = {
-    "transformer": (TransformerConfig, MechEvalTransformerModel, MechEvalTransformerForCausalLM),
-    "based": (BasedConfig, MechEvalBasedModel, MechEvalBasedForCausalLM),
-    "baseconv": (BaseConvConfig, MechEvalBaseConvModel, MechEvalBaseConvForCausalLM),
-    "h3": (H3Config, MechEvalH3Model, MechEvalH3ForCausalLM),
-    "hyena": (HyenaConfig, MechEvalHyenaModel, MechEvalHyenaForCausalLM),
-    "mamba": (MambaConfig, MechEvalMambaModel, MechEvalMambaForCausalLM),
-    "deltanet": (DeltaNetConfig, MechEvalDeltaNetModel, MechEvalDeltaNetForCausalLM),
-    "mamba2": (Mamba2Config, MechEvalMamba2Model, MechEvalMamba2ForCausalLM),
-    "gated_deltanet": (GatedDeltaNetConfig, MechEvalGatedDeltaNetModel, MechEvalGatedDeltaNetForCausalLM),
-}
+on_register(_add_model_classes)
 
 
 def auto_map(config_class: type) -> dict[str, str]:
     """config.json's ``auto_map`` for an architecture's config class: where transformers finds the
     classes in the code files beside the weights (with ``trust_remote_code=True``)."""
-    _, model_class, lm_class = next(classes for classes in MODEL_CLASSES.values() if classes[0] is config_class)
+    _, model_class, lm_class = MODEL_CLASSES[spec_for_config(config_class).name]
     return {"AutoConfig": f"configuration_mecheval.{config_class.__name__}",
             "AutoModel": f"modeling_mecheval.{model_class.__name__}",
             "AutoModelForCausalLM": f"modeling_mecheval.{lm_class.__name__}"}

@@ -47,12 +47,14 @@ def _load_model(run_dir: Path):
     from transformers.utils import logging as hf_logging
 
     import hf_mecheval  # noqa: F401  (registers the model types)
+    from hf_mecheval.models import require_checkpoint_architecture
 
     weights = run_dir / "model.safetensors"
     verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     # problems are reported below in one line, not as a load-report table under a progress bar
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    require_checkpoint_architecture(run_dir)          # a plug-in's model type: loads it, or names it
     try:
         # mismatched shapes are loaded as fresh weights and listed, so they can be named here
         model, info = AutoModelForCausalLM.from_pretrained(run_dir, output_loading_info=True,

@@ -104,16 +104,19 @@ def complete_for_hub(run_dir: str | Path) -> None:
     the tokenizer of the run's task."""
     from transformers import AutoConfig
 
-    from ..models import auto_map, save_remote_code
+    from ..models import auto_map, require_checkpoint_architecture, save_remote_code
+    from ..models.registry import spec_for_config
     from ..tasks.presets import get_preset, task_from_dict
     from ..tasks.tokenizer import build_tokenizer
 
     run_dir = Path(run_dir)
+    require_checkpoint_architecture(run_dir)
     config = AutoConfig.from_pretrained(run_dir)
-    if getattr(config, "auto_map", None) != auto_map(type(config)):
-        config.auto_map = auto_map(type(config))
-        config.save_pretrained(run_dir)
-    save_remote_code(run_dir)
+    if spec_for_config(type(config)).builtin:           # a plug-in's model needs its package, not remote code
+        if getattr(config, "auto_map", None) != auto_map(type(config)):
+            config.auto_map = auto_map(type(config))
+            config.save_pretrained(run_dir)
+        save_remote_code(run_dir)
     if not (run_dir / "tokenizer.json").exists():
         record, _ = read_finished_run(run_dir)
         task = task_from_dict(get_preset(record["task"]["preset"]).task, record["task"]["config"])

@@ -19,7 +19,7 @@ from transformers import TrainingArguments
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import loads_finite
 from ..typed_config import check_int
-from ..models import MODEL_CLASSES
+from ..models import ARCHITECTURES, get_architecture, model_classes
 from ..tasks.presets import PRESETS
 
 QUICK_RECIPE = {"train_size": 10_000, "eval_size": 512, "num_train_epochs": 8.0}
@@ -28,7 +28,8 @@ QUICK_RECIPE = {"train_size": 10_000, "eval_size": 512, "num_train_epochs": 8.0}
 @dataclasses.dataclass
 class ModelArguments:
     architecture: str = dataclasses.field(
-        default="transformer", metadata={"help": f"one of: {', '.join(MODEL_CLASSES)}"})
+        default="transformer", metadata={"help": f"one of: {', '.join(ARCHITECTURES)}, or an architecture "
+                                                 f"an installed plug-in registers"})
     hidden_size: int = dataclasses.field(default=64, metadata={"help": "model width"})
     num_hidden_layers: int = dataclasses.field(default=2, metadata={"help": "number of blocks"})
     max_position_embeddings: int | None = dataclasses.field(
@@ -39,14 +40,12 @@ class ModelArguments:
         default="{}", metadata={"help": 'JSON object of further config fields, e.g. \'{"conv_kernel": 0}\''})
 
     def config_fields(self) -> dict[str, Any]:
-        if self.architecture not in MODEL_CLASSES:
-            raise ConfigError("architecture", f"unknown architecture {self.architecture!r}; choose one of "
-                                              f"{', '.join(MODEL_CLASSES)}")
+        spec = get_architecture(self.architecture)         # built-in or a plug-in's; else names the choices
         extra = _json_object("model_config", self.model_config)
         if "vocab_size" in extra:
             raise ConfigError("model_config", "vocab_size comes from the task; set the task's vocabulary instead "
                                               "(--task / --task_config)")
-        known = [f for f in MODEL_CLASSES[self.architecture][0].field_names() if f != "vocab_size"]
+        known = [f for f in spec.config_class.field_names() if f != "vocab_size"]
         unknown = sorted(set(extra) - set(known))
         if unknown:   # a typo would otherwise be kept as an inert attribute of the config
             raise ConfigError("model_config", f"unknown field {unknown[0]!r} for {self.architecture}; its fields: "
@@ -163,7 +162,7 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
                 raise ConfigError(field.name, f"must be a finite number, got {value}")
     fields = model.config_fields()                        # checks the architecture's name first
     task = build_task(data.task, **data.task_overrides())
-    config = MODEL_CLASSES[model.architecture][0](vocab_size=task.vocab_size, **fields)
+    config = model_classes(model.architecture)[0](vocab_size=task.vocab_size, **fields)
     check_int("seed", training.seed, minimum=0, maximum=SEED_LIMIT)
     if training.data_seed is not None:                  # torch.Generator takes 64-bit seeds
         check_int("data_seed", training.data_seed, minimum=0, maximum=SEED_LIMIT)

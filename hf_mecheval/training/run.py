@@ -40,7 +40,7 @@ from transformers.trainer_utils import SchedulerType
 from ..children import follow_parent
 from ..errors import MechEvalError
 from ..io_utils import loads_finite, locked_folder, refuse_non_finite, write_text_atomic
-from ..models import MODEL_CLASSES, build_model
+from ..models import build_model, model_classes
 from ..tasks.presets import PRESETS, get_preset
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import (DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, resolved_sizes,
@@ -183,7 +183,7 @@ def requested_record(model_args, data_args, run_args, training_args, task) -> di
     """The run.json that these (validated) arguments would write, without building data or model:
     what a finished or interrupted run must match to be reused or resumed (``run_dir.fingerprint``)."""
     train_size, eval_size = resolve_sizes(data_args, run_args, training_args)
-    config = MODEL_CLASSES[model_args.architecture][0](vocab_size=task.vocab_size, **model_args.config_fields())
+    config = model_classes(model_args.architecture)[0](vocab_size=task.vocab_size, **model_args.config_fields())
     return json.loads(json.dumps(run_record(config, model_args, data_args, run_args, training_args, task,
                                             train_size, eval_size), default=str))
 

@@ -6,6 +6,7 @@ from hf_mecheval.errors import MechEvalError
 from hf_mecheval.interventions import InterventionEngine, run_grid
 from hf_mecheval.interventions.grid import cell
 from hf_mecheval.models import build_model
+from hf_mecheval.models.registry import ARCHITECTURES
 from hf_mecheval.tasks import ARConfig, ARTask, corrupt
 
 from handbuilt import direct_model, induction_model
@@ -43,7 +44,7 @@ def _batch(model, n=32):
     return d, ids, broken, col
 
 
-@pytest.mark.parametrize("arch", ["transformer", "mamba", "deltanet", "based", "h3", "mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("arch", [name for name, spec in ARCHITECTURES.items() if spec.builtin])
 def test_golden_properties_on_real_models(arch):
     torch.manual_seed(0)
     extra = {"max_position_embeddings": 16} if arch == "transformer" else {}

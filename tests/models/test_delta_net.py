@@ -66,39 +66,6 @@ def test_replay_without_patch_is_identity_and_patch_propagates():
     assert torch.allclose(out[:, 5:], tail.transpose(1, 2))
 
 
-@pytest.mark.parametrize("heads", [1, 2])
-@pytest.mark.parametrize("use_short_conv", [True, False])
-def test_step_matches_forward(heads, use_short_conv):
-    m = _mixer(heads, use_short_conv=use_short_conv)
-    x = _x()
-    y = m(x)
-    assert y.shape == x.shape
-    state, ys = None, []
-    for t in range(x.shape[1]):
-        y_t, state = m.step(x[:, t], state)
-        ys.append(y_t)
-    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-10
-
-
-@pytest.mark.parametrize("use_short_conv", [True, False])
-def test_causal(use_short_conv):
-    m = _mixer(use_short_conv=use_short_conv)
-    x = _x()
-    x2 = x.clone()
-    x2[:, 6] += 1.0
-    y, y2 = m(x), m(x2)
-    assert torch.equal(y[:, :6], y2[:, :6])
-    assert (y[:, 6:] - y2[:, 6:]).abs().max() > 1e-6
-
-
-@pytest.mark.parametrize("use_short_conv", [True, False])
-def test_gradients_reach_every_parameter(use_short_conv):
-    m = _mixer(use_short_conv=use_short_conv)
-    m(_x()).pow(2).sum().backward()
-    for name, p in m.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
-
-
 def test_gradients_through_state_site_path():
     m = _mixer()
     m.state.materialize = True

@@ -119,44 +119,6 @@ def test_ops_under_vmap_equal_each_copy():
 
 # --------------------------------------------------------------------------------- the mixer
 
-MIXER_FIELDS = [dict(), dict(use_short_conv=False), dict(num_attention_heads=1), dict(expand_v=2),
-                dict(num_attention_heads=4, head_dim=3, expand_v=2, conv_kernel=2)]
-
-
-@pytest.mark.parametrize("fields", MIXER_FIELDS)
-def test_step_matches_forward(fields):
-    m = _mixer(**fields)
-    x = _x()
-    y = m(x)
-    assert y.shape == x.shape
-    state, ys = None, []
-    for t in range(x.shape[1]):
-        y_t, state = m.step(x[:, t], state)
-        ys.append(y_t)
-    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-10
-
-
-@pytest.mark.parametrize("use_short_conv", [True, False])
-def test_causal(use_short_conv):
-    m = _mixer(use_short_conv=use_short_conv)
-    x = _x()
-    x2 = x.clone()
-    x2[:, 6] += 1.0
-    y, y2 = m(x), m(x2)
-    assert torch.equal(y[:, :6], y2[:, :6])
-    assert (y[:, 6:] - y2[:, 6:]).abs().max() > 1e-6
-
-
-@pytest.mark.parametrize("use_short_conv", [True, False])
-def test_gradients_reach_every_parameter(use_short_conv):
-    for materialize in (False, True):                                # fast path and state-site path
-        m = _mixer(use_short_conv=use_short_conv)
-        m.state.materialize = materialize
-        m(_x()).pow(2).sum().backward()
-        for name, p in m.named_parameters():
-            assert p.grad is not None and p.grad.abs().sum() > 0, (name, materialize)
-
-
 def test_sites():
     m = _mixer(expand_v=2)
     assert m.state.propagates and not m.conv_output.propagates
@@ -238,15 +200,6 @@ def test_state_patch_gradients_reach_the_patch():
     m(x).pow(2).sum().backward()
     h.remove()
     assert new.grad is not None and new.grad.abs().sum() > 0
-
-
-def test_mixer_under_vmap_equals_each_copy():
-    copies = [_mixer(seed=k, expand_v=2) for k in range(3)]
-    params, buffers = torch.func.stack_module_state(copies)
-    x = torch.stack([_x(seed=k) for k in range(3)])
-    y = torch.func.vmap(lambda p, b, x: torch.func.functional_call(copies[0], (p, b), (x,)))(params, buffers, x)
-    for k, m in enumerate(copies):
-        assert (y[k] - m(x[k])).abs().max() <= 1e-10
 
 
 def test_float32_default_dtype_runs():

@@ -4,7 +4,6 @@ import torch
 from torch.nn import functional as F
 
 from hf_mecheval.models.configuration_mecheval import Mamba2Config
-from hf_mecheval.models.mixers import at_positions
 from hf_mecheval.models.mixer_mamba2 import Mamba2Mixer
 from hf_mecheval.models.ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from hf_mecheval.models.sites import rerun_from_patched_states
@@ -126,54 +125,6 @@ def test_ops_under_vmap_equal_each_copy():
         assert (y_at[k] - ref.gather(1, keep[..., None, None].expand(-1, -1, 4, 3))).abs().max() <= 1e-10
 
 
-# --------------------------------------------------------------------------------- the mixer
-
-@pytest.mark.parametrize("fields", [dict(), dict(conv_kernel=0), dict(n_groups=2), dict(conv_kernel=2, head_dim=8)])
-def test_step_matches_forward(fields):
-    m = _mixer(**fields)
-    x = _x()
-    y = m(x)
-    assert y.shape == x.shape
-    state, ys = None, []
-    for t in range(x.shape[1]):
-        y_t, state = m.step(x[:, t], state)
-        ys.append(y_t)
-    assert (torch.stack(ys, 1) - y).abs().max() <= 1e-10
-
-
-def test_causal():
-    m = _mixer()
-    x = _x()
-    x2 = x.clone()
-    x2[:, 6] += 1.0
-    y, y2 = m(x), m(x2)
-    assert torch.equal(y[:, :6], y2[:, :6])
-    assert (y[:, 6:] - y2[:, 6:]).abs().max() > 1e-6
-
-
-@pytest.mark.parametrize("fields", [dict(), dict(conv_kernel=0)])
-def test_gradients_reach_every_parameter(fields):
-    for materialize in (False, True):                                # fast path and state-site path
-        m = _mixer(**fields)
-        m.state.materialize = materialize
-        m(_x()).pow(2).sum().backward()
-        for name, p in m.named_parameters():
-            assert p.grad is not None and p.grad.abs().sum() > 0, (name, materialize)
-
-
-def test_answer_only_path_equals_gather_of_full_output():
-    m = _mixer(n_groups=2)
-    x = _x().requires_grad_()
-    keep = torch.tensor([[3], [10]])
-    w = torch.randn(2, 1, 8, dtype=f64)
-    full = at_positions(m(x), keep)
-    ref = torch.autograd.grad((full * w).sum(), [x, *m.parameters()])
-    got = m(x, keep=keep)
-    assert (got - full).abs().max() <= 1e-10
-    for g, r in zip(torch.autograd.grad((got * w).sum(), [x, *m.parameters()]), ref):
-        assert (g - r).abs().max() <= 1e-10
-
-
 def test_sites():
     m = _mixer()
     assert m.state.propagates and not m.conv_output.propagates
@@ -249,22 +200,6 @@ def test_state_patch_gradients_reach_the_patch():
     m(x).pow(2).sum().backward()
     h.remove()
     assert new.grad is not None and new.grad.abs().sum() > 0
-
-
-def test_mixer_under_vmap_equals_each_copy():
-    copies = [_mixer(seed=k) for k in range(3)]
-    params, buffers = torch.func.stack_module_state(copies)
-    x = torch.stack([_x(seed=k) for k in range(3)])
-    keep = torch.tensor([[2], [9]])
-
-    def run(p, b, x, keep=None):
-        return torch.func.functional_call(copies[0], (p, b), (x,), {"keep": keep})
-
-    y = torch.func.vmap(run)(params, buffers, x)
-    y_at = torch.func.vmap(lambda p, b, x: run(p, b, x, keep))(params, buffers, x)
-    for k, m in enumerate(copies):
-        assert (y[k] - m(x[k])).abs().max() <= 1e-10
-        assert (y_at[k] - m(x[k], keep=keep)).abs().max() <= 1e-10
 
 
 def test_float32_default_dtype_runs():

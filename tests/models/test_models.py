@@ -1,36 +1,23 @@
-"""All nine architectures through one backbone: parameter counts, causality, recurrent
-equivalence, gradients, sites, the Auto classes and save/load."""
+"""Every registered architecture through one backbone: parameter counts, the answer-only loss,
+sites, config validation. (What every mixer must do, and save/load: test_mixer_contract.py.)"""
 import subprocess
 import sys
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig
 
 import hf_mecheval  # noqa: F401  (registers the Auto classes)
 from hf_mecheval.errors import ConfigError, MechEvalError
-from hf_mecheval.models import MODEL_CLASSES, build_model
+from hf_mecheval.models import ARCHITECTURES, build_model
 
-TINY = {
-    "transformer": dict(max_position_embeddings=16),
-    "based": dict(feature_dim=4, max_filter_length=16),
-    "baseconv": dict(kernel_schedule=[3, "long"], long_filter_order=8, max_filter_length=16),
-    "h3": dict(d_state=8, head_dim=2),
-    "hyena": dict(filter_order=8, max_filter_length=16),
-    "mamba": dict(d_state=4),
-    "deltanet": dict(num_attention_heads=2, chunk_size=4),
-    "mamba2": dict(d_state=4, head_dim=4, chunk_size=4),                  # 4 heads, chunks not dividing L
-    "gated_deltanet": dict(num_attention_heads=2, expand_v=2, chunk_size=4),
-}
-MODEL_TYPES = {"gated_deltanet": "mecheval-gated-deltanet"}               # else mecheval-<architecture>
-ARCHS = list(TINY)
+# the built-in architectures, each at its spec's tiny configuration (plug-ins: test_mixer_contract.py)
+ARCHS = [name for name, spec in ARCHITECTURES.items() if spec.builtin]
 
 
 def tiny(arch, **extra):
     torch.manual_seed(0)
-    fields = dict(vocab_size=11, hidden_size=8, num_hidden_layers=2, **TINY[arch])
-    fields.update(extra)
-    return build_model(arch, **fields)
+    return build_model(arch, **ARCHITECTURES[arch].tiny_fields(**extra))
 
 
 def count(model):
@@ -50,42 +37,9 @@ def test_reference_parameter_counts(arch, fields, expected):
 def test_print_parameter_counts_of_the_others(capsys):
     with capsys.disabled():
         print("\nparameters (vocabulary 26, 2 layers, defaults):")
-        for arch in ("h3", "hyena", "baseconv", "deltanet", "mamba", "based", "mamba2", "gated_deltanet"):
+        for arch in ARCHS:
             counts = [count(build_model(arch, vocab_size=26, hidden_size=d)) for d in (64, 128, 256)]
             print(f"  {arch:<9} hidden 64/128/256: " + " / ".join(f"{c:,}" for c in counts))
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_causal(arch):
-    model = tiny(arch).double().eval()
-    ids = torch.randint(3, 11, (2, 12))
-    other = ids.clone()
-    t = 6
-    other[:, t] = (ids[:, t] - 3 + 1) % 8 + 3
-    with torch.no_grad():
-        a, b = model(ids).logits, model(other).logits
-    assert torch.allclose(a[:, :t], b[:, :t], atol=1e-12)
-    assert not torch.allclose(a[:, t:], b[:, t:])
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_recurrent_form_equals_parallel_form(arch):
-    model = tiny(arch).double().eval()
-    ids = torch.randint(3, 11, (3, 13))
-    with torch.no_grad():
-        parallel = model(ids).logits
-    with torch.no_grad():
-        recurrent = model(ids, use_cache=True).logits
-    assert (parallel - recurrent).abs().max().item() <= 1e-5
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_gradient_reaches_every_parameter(arch):
-    model = tiny(arch)
-    ids = torch.randint(3, 11, (4, 12))
-    model(ids).logits.square().mean().backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -116,7 +70,7 @@ def test_answer_only_loss_equals_full_cross_entropy(arch):
 def test_standard_sites_and_errors(arch):
     model = tiny(arch)
     names = model.site_names()
-    has_mlp = arch not in ("mamba", "mamba2")
+    has_mlp = model.config.use_mlp
     for layer in range(2):
         for site in ("input", "mixer_input", "mixer_output", "output") + (("mlp_input", "mlp_output") if has_mlp else ()):
             assert f"layers.{layer}.{site}" in names
@@ -155,22 +109,15 @@ def test_site_hooks_read_and_replace():
     assert not torch.allclose(clean, patched)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_auto_classes_and_safetensors_round_trip(arch, tmp_path):
-    model = tiny(arch).eval()
-    model_type = MODEL_CLASSES[arch][0].model_type
-    assert model_type == MODEL_TYPES.get(arch, f"mecheval-{arch}")
-    model.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").exists()
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(loaded) is type(model)
-    ids = torch.randint(3, 11, (2, 9))
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, loaded(ids).logits)
-    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
-    config = AutoConfig.for_model(model_type, hidden_size=16, vocab_size=20)
-    base = AutoModel.from_config(config)
-    assert type(base) is MODEL_CLASSES[arch][1]
+def test_the_names_checkpoints_and_sweeps_hold_do_not_change():
+    # run.json and sweeps hold the architecture names, config.json the model types and class names
+    want = {"transformer": ("mecheval-transformer", "Transformer"), "based": ("mecheval-based", "Based"),
+            "baseconv": ("mecheval-baseconv", "BaseConv"), "h3": ("mecheval-h3", "H3"),
+            "hyena": ("mecheval-hyena", "Hyena"), "mamba": ("mecheval-mamba", "Mamba"),
+            "deltanet": ("mecheval-deltanet", "DeltaNet"), "mamba2": ("mecheval-mamba2", "Mamba2"),
+            "gated_deltanet": ("mecheval-gated-deltanet", "GatedDeltaNet")}
+    assert {name: (ARCHITECTURES[name].model_type, ARCHITECTURES[name].class_stem) for name in ARCHS} == want
+    assert type(tiny("mamba")).__name__ == "MechEvalMambaForCausalLM"
 
 
 def test_hf_configs_accept_standard_extra_keys():
@@ -206,7 +153,7 @@ def test_invalid_configs_name_the_field(arch, fields, field):
 
 
 def test_unknown_architecture():
-    with pytest.raises(ConfigError, match="transformer, based"):
+    with pytest.raises(ConfigError, match="transformer, baseconv, based"):
         build_model("rwkv")
 
 
@@ -235,15 +182,13 @@ def test_package_import_is_light_and_registers():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the [cuda] extra")
-@pytest.mark.parametrize("arch", ["mamba", "deltanet", "mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("arch", [n for n, s in ARCHITECTURES.items() if s.kernel_packages])
 def test_kernel_path_matches_torch_path(arch):
     import importlib.util
     import time
 
-    from hf_mecheval.models.kernels import PACKAGES
-
-    mixer = {"deltanet": "delta_net", "gated_deltanet": "gated_delta_net"}.get(arch, arch)
-    missing = [p for p in PACKAGES[mixer] if importlib.util.find_spec(p) is None]
+    packages = {p for needed in ARCHITECTURES[arch].kernel_packages.values() for p in needed}
+    missing = sorted(p for p in packages if importlib.util.find_spec(p) is None)
     if missing:
         pytest.skip(f"{arch}'s kernel packages are not installed: {', '.join(missing)}")
     torch.manual_seed(0)

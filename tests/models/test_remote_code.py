@@ -13,13 +13,13 @@ import torch
 from transformers.dynamic_module_utils import get_imports
 
 import hf_mecheval  # noqa: F401  (registers the Auto classes)
-from hf_mecheval.models import MODEL_CLASSES, auto_map
+from hf_mecheval.models import ARCHITECTURES, MODEL_CLASSES, auto_map
 from hf_mecheval.models.modeling_mecheval import remote_code_files
 
 from test_models import ARCHS, tiny
 
 # what the remote code may import besides its own files: the standard library and torch + transformers
-ALLOWED = {"__future__", "functools", "importlib", "math", "pathlib", "shutil", "torch", "transformers"}
+ALLOWED = {"__future__", "dataclasses", "functools", "importlib", "math", "pathlib", "shutil", "torch", "transformers"}
 
 
 def test_the_remote_code_is_self_contained():
@@ -27,7 +27,11 @@ def test_the_remote_code_is_self_contained():
     folder = files[0].parent
     names = {f.stem for f in files}
     assert {"modeling_mecheval", "configuration_mecheval", "recurrent_cache", "mixers"} <= names
-    assert {f"mixer_{m}" for m in ("attention", "based", "base_conv", "h3", "hyena", "mamba", "delta_net")} <= names
+    # every built-in architecture's mixer files and config travel with the checkpoint
+    assert {"registry", "builtin_architectures"} <= names
+    for spec in ARCHITECTURES.values():
+        if spec.builtin:
+            assert {c.__module__.rpartition(".")[2] for c in (spec.config_class, *spec.mixers.values())} <= names
     for f in files:
         assert f.parent == folder
         for node in ast.walk(ast.parse(f.read_text())):
