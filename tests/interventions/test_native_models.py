@@ -131,3 +131,5 @@ def test_train_and_evaluate_end_to_end(tmp_path, capsys, model_type, class_name)
     assert result["sites"] == [f"layers.{layer}.{kind}" for layer in range(2)
                                for kind in ("input", "mixer_output", "output")]
     assert len(result["corruptions"]["value"]["cells"]) == 6 * 5 and result["mechanism"]["label"]
+    card = (run / "README.md").read_text()       # the card tells users to load it without remote code
+    assert "trust_remote_code" not in card and f"transformers' own `{model_type}`" in card
