@@ -16,6 +16,10 @@ prediction (computed anyway at ``layers.L.input``, L >= 1, as the causality chec
 output needs no layer at all. Models expose the backbone protocol of ``MechEvalForCausalLM``:
 ``model.model.embed``, ``model.model.layers`` (blocks taking and returning the residual stream),
 ``model.model.norm_f``, ``model.lm_head``, and ``get_site(name)``.
+
+transformers' own causal LMs (``--architecture hf:...``) go through ``FullForwardEngine`` with the
+sites of ``adapters.native_sites``: the same cells, each patched run a whole forward
+(``engine_for`` picks the engine).
 """
 from __future__ import annotations
 
@@ -60,6 +64,36 @@ class InterventionEngine:
         logits = self.model.lm_head(self.backbone.norm_f(final[rows, query_pos])).float()   # (R, V)
         probs = torch.softmax(logits, dim=-1)
         return probs[rows, answer], logits[rows, answer], logits.argmax(-1)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.backbone.layers)
+
+    def site_names(self) -> list[str]:
+        return list(self.model.site_names())
+
+    def resume_sites(self) -> list[str]:
+        """What the corrupted run caches so that patched runs can start at the patched layer."""
+        return [f"layers.{i}.input" for i in range(self.num_layers)]
+
+    def patched_rows(self, site: str, src: torch.Tensor, pos: torch.Tensor, clean_site: torch.Tensor,
+                     corrupt: dict[str, torch.Tensor], final_corrupt: torch.Tensor,
+                     corrupt_ids: torch.Tensor) -> torch.Tensor:
+        """Final residual (R, L, D) of corrupted example ``src[r]`` (R,) with ``site`` patched at
+        ``pos[r]`` (R,) from the clean run's activation ``clean_site`` (B, L, ...)."""
+        layer = site_layer(site)
+        if site == f"layers.{self.num_layers - 1}.output":
+            # the last block's output is the final residual: patch it, no layer to run
+            final = final_corrupt[src].clone()
+            final[torch.arange(len(src)), pos] = clean_site[src, pos]
+            return final
+        # layers.L.output is exactly what block L+1 receives: patching it means patching
+        # layers.{L+1}.input, which runs one block fewer
+        start, target = ((layer + 1, f"layers.{layer + 1}.input") if site == f"layers.{layer}.output"
+                         else (layer, site))
+        # one row per live (position name, example): all positions of this site in one batch
+        base = corrupt[f"layers.{start}.input"][src]                            # (R, L, D)
+        return self.patched_final(target, base, pos[:, None], clean_site, src)
 
     def run_layers(self, r: torch.Tensor, start: int) -> torch.Tensor:
         for block in self.backbone.layers[start:]:
@@ -116,13 +150,11 @@ class InterventionEngine:
         ``p_clean``, ``p_corrupt``, ``logit_clean``, ``logit_corrupt``, ``pred_clean``,
         ``pred_corrupt`` (B,) and ``p_patched[site][position name]`` (B,).
         """
-        unknown = [s for s in sites if s not in set(self.model.site_names())]
+        unknown = [s for s in sites if s not in set(self.site_names())]
         if unknown:
-            raise MechEvalError(f"unknown site {unknown[0]!r}; valid sites: {', '.join(self.model.site_names())}")
-        n_layers = len(self.backbone.layers)
-        inputs = [f"layers.{i}.input" for i in range(n_layers)]
+            raise MechEvalError(f"unknown site {unknown[0]!r}; valid sites: {', '.join(self.site_names())}")
         final_clean, clean = self.cache(clean_ids, sites)
-        final_corrupt, corrupt = self.cache(corrupt_ids, inputs)
+        final_corrupt, corrupt = self.cache(corrupt_ids, self.resume_sites())
         p_clean, logit_clean, pred_clean = self.answer_probs(final_clean, query_pos, answer)
         p_corrupt, logit_corrupt, pred_corrupt = self.answer_probs(final_corrupt, query_pos, answer)
         out = {"p_clean": p_clean, "p_corrupt": p_corrupt, "logit_clean": logit_clean,
@@ -148,18 +180,80 @@ class InterventionEngine:
             p = p_corrupt[example].clone()                                      # (P*B,)
             if len(rows):
                 src = example[rows]
-                if site == f"layers.{n_layers - 1}.output":
-                    # the last block's output is the final residual: patch it, no layer to run
-                    final = final_corrupt[src].clone()
-                    final[torch.arange(len(rows)), stacked[rows]] = clean[site][src, stacked[rows]]
-                else:
-                    # layers.L.output is exactly what block L+1 receives: patching it means
-                    # patching layers.{L+1}.input, which runs one block fewer
-                    start, target = ((layer + 1, f"layers.{layer + 1}.input") if site == f"layers.{layer}.output"
-                                     else (layer, site))
-                    # one row per live (position name, example): all positions of this site in one batch
-                    base = corrupt[f"layers.{start}.input"][src]                            # (R, L, D)
-                    final = self.patched_final(target, base, stacked[rows, None], clean[site], src)
+                final = self.patched_rows(site, src, stacked[rows], clean[site], corrupt, final_corrupt, corrupt_ids)
                 p[rows] = self.answer_probs(final, query_pos[src], answer[src])[0]
             out["p_patched"][site] = {n: p[i * B:(i + 1) * B] for i, n in enumerate(names)}
         return out
+
+
+class FullForwardEngine(InterventionEngine):
+    """The same grid on a transformers causal LM (``adapters.NativeSites``): its decoder layers
+    take arguments of the family's own (attention masks, rotary embeddings, caches), so patched
+    runs are whole forwards from the corrupted tokens instead of resuming at the patched layer,
+    and the final residual is the last hidden state after the model's final norm."""
+
+    def __init__(self, sites):
+        self.model = sites
+        sites.model.eval()
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    def resume_sites(self) -> list[str]:
+        return []
+
+    def answer_probs(self, final: torch.Tensor, query_pos: torch.Tensor, answer: torch.Tensor):
+        """final: (R, L, D) last hidden states -> (p(answer), answer logit, argmax) at query_pos."""
+        rows = torch.arange(final.shape[0], device=final.device)
+        logits = self.model.answer_logits(final[rows, query_pos])                          # (R, V)
+        probs = torch.softmax(logits, dim=-1)
+        return probs[rows, answer], logits[rows, answer], logits.argmax(-1)
+
+    @torch.no_grad()
+    def cache(self, input_ids: torch.Tensor, sites: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        store: dict[str, torch.Tensor] = {}
+        handles = [self.model.get_site(name).register_forward_hook(
+            lambda m, i, o, name=name: store.__setitem__(name, o.detach())) for name in sites]
+        try:
+            final = self.model.final_hidden(input_ids)
+        finally:
+            for h in handles:
+                h.remove()
+        return final, store
+
+    @torch.no_grad()
+    def patched_final(self, site: str, base_ids: torch.Tensor, positions: torch.Tensor,
+                      source: torch.Tensor, source_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """As ``InterventionEngine.patched_final``, from the base run's tokens ``base_ids`` (R, L)."""
+        rows = torch.arange(base_ids.shape[0], device=base_ids.device)[:, None].expand_as(positions)
+        valid = positions >= 0
+        r_idx, p_idx = rows[valid], positions[valid]
+        s_idx = source_rows[r_idx] if source_rows is not None else r_idx % source.shape[0]
+
+        def patch(point, inputs, output):
+            output = output.clone()
+            output[r_idx, p_idx] = source[s_idx, p_idx].to(output.dtype)
+            return output
+
+        with hooked(self.model.get_site(site), patch):
+            return self.model.final_hidden(base_ids)
+
+    def patched_rows(self, site, src, pos, clean_site, corrupt, final_corrupt, corrupt_ids):
+        return self.patched_final(site, corrupt_ids[src], pos[:, None], clean_site, src)
+
+
+def engine_for(model) -> InterventionEngine:
+    """The engine for one of our models (resuming at the patched layer) or for a transformers
+    causal LM (``FullForwardEngine`` over its ``NativeSites``)."""
+    from ..adapters.native_sites import NativeSites, native_sites
+
+    if isinstance(model, NativeSites):
+        return FullForwardEngine(model)
+    if all(hasattr(model, attr) for attr in ("model", "lm_head", "get_site", "site_names")):
+        return InterventionEngine(model)
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        return FullForwardEngine(native_sites(model))
+    return InterventionEngine(model)      # refuses it, naming what it lacks

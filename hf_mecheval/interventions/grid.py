@@ -27,7 +27,7 @@ from ..metrics.mechanism import classify
 from ..metrics.restoration import accuracy, summarize_restoration
 from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData
-from .engine import InterventionEngine, site_layer
+from .engine import engine_for, site_layer
 
 POSITIONS = ("key", "value", "divider", "query", "answer")
 CORRUPTIONS = ("key", "value")
@@ -52,8 +52,8 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
         raise MechEvalError("the intervention grid needs at least one document, got none")
     if batch_size < 1:
         raise MechEvalError(f"the batch size must be at least 1, got {batch_size}")
-    engine = InterventionEngine(model)
-    sites = list(model.site_names()) if sites is None else list(sites)
+    engine = engine_for(model)         # ours, or a transformers causal LM through its adapter
+    sites = engine.site_names() if sites is None else list(sites)
     threshold = default_threshold(task) if threshold is None else threshold
     device = next(model.parameters()).device
     ids = data.padded()
@@ -96,7 +96,7 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
             entry["per_example"] = {"p_clean": acc["p_clean"].tolist(), "p_corrupt": acc["p_corrupt"].tolist(),
                                     "p_patched": {f"{s}@{p}": v.tolist() for (s, p), v in patched.items()}}
         result["corruptions"][which] = entry
-    result["mechanism"] = mechanism_of(result, len(model.model.layers)).to_dict()
+    result["mechanism"] = mechanism_of(result, engine.num_layers).to_dict()
     return result
 
 

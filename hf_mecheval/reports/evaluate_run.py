@@ -68,7 +68,14 @@ def _load_model(run_dir: Path):
         if bar:
             hf_logging.enable_progress_bar()
     if not hasattr(model, "site_names"):
-        raise MechEvalError(f"{run_dir} holds a {type(model).__name__}, not an hf-mecheval model")
+        # transformers' own model (--architecture hf:...): its decoder layers must be found
+        from ..adapters.native_sites import native_sites
+
+        try:
+            native_sites(model)
+        except MechEvalError as exc:
+            raise MechEvalError(f"{run_dir} holds a {type(model).__name__}, not an hf-mecheval model, and "
+                                f"{exc}") from None
     # without this check, weights absent from the file or of another shape would silently be random ones
     wrong = [f"{key} (missing)" for key in sorted(info["missing_keys"])]
     wrong += [f"{m[0]} ({_shape(m[1])} in the file, {_shape(m[2])} in config.json)" if isinstance(m, tuple)

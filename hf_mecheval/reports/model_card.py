@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..adapters.native_config import is_native
 from .run_files import interventions_path, read_finished_run, read_interventions, require_files
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
@@ -53,8 +54,10 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
                      f"@key {format_score(row['@key'])}, @value {format_score(row['@value'])}, @query {format_score(row['@query'])}. Label: "
                      f"**{row['mechanism']}** ({row['confidence']} confidence) — {result['mechanism']['reason']}.")
     name = repo_id or run_dir.name
+    native = is_native(model.get("architecture") or "")     # transformers' own model: no remote code
     data = ModelCardData(library_name="transformers", license="apache-2.0", model_name=name,
-                         tags=["hf-mecheval", "mechanistic-interpretability", "custom_code", model.get("model_type", ""),
+                         tags=["hf-mecheval", "mechanistic-interpretability", *([] if native else ["custom_code"]),
+                               model.get("model_type", ""),
                                task["preset"]],
                          datasets=[dataset], metrics=["accuracy"], eval_results=results, pipeline_tag="text-generation",
                          **extra)
@@ -66,7 +69,7 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
         learning_rate=record["training"].get("learning_rate"), epochs=final.get("epochs"),
         seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
         test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or str(run_dir),
-        **_example(task))
+        native=native, **_example(task))
     path = run_dir / "README.md"
     card.save(path)
     return path
@@ -112,7 +115,10 @@ def complete_for_hub(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     require_checkpoint_architecture(run_dir)
     config = AutoConfig.from_pretrained(run_dir)
-    if spec_for_config(type(config)).builtin:           # a plug-in's model needs its package, not remote code
+    # transformers' own models (hf:...) need no code beside the weights, a plug-in's model needs
+    # its package rather than remote code: only built-in architectures carry theirs
+    native = is_native(read_finished_run(run_dir)[0]["model"].get("architecture") or "")
+    if not native and spec_for_config(type(config)).builtin:
         if getattr(config, "auto_map", None) != auto_map(type(config)):
             config.auto_map = auto_map(type(config))
             config.save_pretrained(run_dir)

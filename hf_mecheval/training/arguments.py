@@ -19,6 +19,7 @@ from transformers import TrainingArguments
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import loads_finite
 from ..typed_config import check_int
+from ..adapters.native_config import count_native_parameters, is_native, native_config, native_model_type
 from ..models import ARCHITECTURES, get_architecture, model_classes
 from ..tasks.presets import PRESETS
 
@@ -29,7 +30,8 @@ QUICK_RECIPE = {"train_size": 10_000, "eval_size": 512, "num_train_epochs": 8.0}
 class ModelArguments:
     architecture: str = dataclasses.field(
         default="transformer", metadata={"help": f"one of: {', '.join(ARCHITECTURES)}, or an architecture "
-                                                 f"an installed plug-in registers"})
+                                                 f"an installed plug-in registers; or hf:<model_type>, "
+                                                 "transformers' own causal LM (hf:gpt2, hf:llama, hf:mamba, ...)"})
     hidden_size: int = dataclasses.field(default=64, metadata={"help": "model width"})
     num_hidden_layers: int = dataclasses.field(default=2, metadata={"help": "number of blocks"})
     max_position_embeddings: int | None = dataclasses.field(
@@ -40,6 +42,7 @@ class ModelArguments:
         default="{}", metadata={"help": 'JSON object of further config fields, e.g. \'{"conv_kernel": 0}\''})
 
     def config_fields(self) -> dict[str, Any]:
+        """Our architectures' config fields (for ``hf:`` architectures: see ``build_config``)."""
         spec = get_architecture(self.architecture)         # built-in or a plug-in's; else names the choices
         extra = _json_object("model_config", self.model_config)
         if "vocab_size" in extra:
@@ -55,6 +58,19 @@ class ModelArguments:
         if self.max_position_embeddings is not None:
             fields["max_position_embeddings"] = self.max_position_embeddings
         return fields
+
+    def build_config(self, vocab_size: int):
+        """The configuration the run's model is built from: one of ours, or for ``hf:<model_type>``
+        transformers' own (``adapters.native_config``; --kernels does not apply to it)."""
+        if is_native(self.architecture):
+            extra = _json_object("model_config", self.model_config)
+            if "vocab_size" in extra:
+                raise ConfigError("model_config", "vocab_size comes from the task; set the task's vocabulary "
+                                                  "instead (--task / --task_config)")
+            return native_config(self.architecture, vocab_size=vocab_size, hidden_size=self.hidden_size,
+                                 num_hidden_layers=self.num_hidden_layers,
+                                 max_position_embeddings=self.max_position_embeddings, extra=extra)
+        return model_classes(self.architecture)[0](vocab_size=vocab_size, **self.config_fields())
 
 
 @dataclasses.dataclass
@@ -160,9 +176,12 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
             value = getattr(group, field.name, None)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(field.name, f"must be a finite number, got {value}")
-    fields = model.config_fields()                        # checks the architecture's name first
+    if is_native(model.architecture):
+        native_model_type(model.architecture)             # checks the architecture's name first
+    else:
+        model.config_fields()                             # checks the architecture's name first
     task = build_task(data.task, **data.task_overrides())
-    config = model_classes(model.architecture)[0](vocab_size=task.vocab_size, **fields)
+    config = model.build_config(task.vocab_size)
     check_int("seed", training.seed, minimum=0, maximum=SEED_LIMIT)
     if training.data_seed is not None:                  # torch.Generator takes 64-bit seeds
         check_int("data_seed", training.data_seed, minimum=0, maximum=SEED_LIMIT)
@@ -195,11 +214,12 @@ def check_run_memory(config, task, data: DataArguments, run: RunArguments, train
     """Refuse, with the estimate, a run that cannot fit in memory (the model with its gradients
     and AdamW state, activations, the documents; model and activations against the GPU's memory
     where there is one)."""
-    from ..models import count_parameters
+    from ..models import MechEvalConfig, count_parameters
     from ..resources import check_memory
 
     try:
-        params = count_parameters(config)
+        # transformers' own model is built on the meta device, which also finds its decoder layers
+        params = count_parameters(config) if isinstance(config, MechEvalConfig) else count_native_parameters(config)
     except OverflowError as exc:
         raise MechEvalError(f"the model cannot be built: {exc}") from None
     train_size, eval_size, _ = resolved_sizes(data, run, training)

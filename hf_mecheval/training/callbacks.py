@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from ..errors import MechEvalError
+from ..interventions.engine import engine_for
 from ..interventions.grid import POSITIONS, cell, run_grid
 from ..io_utils import write_text_atomic
 from ..tasks.corruption import corrupt
@@ -75,7 +76,7 @@ class RestorationCallback(TrainerCallback):
     def measure(self, model, step: int) -> dict:
         model = getattr(model, "module", model)          # unwrap DDP
         was_training = model.training
-        last = len(model.model.layers) - 1
+        last = engine_for(model).num_layers - 1
         site = f"layers.{last}.input"
         result = run_grid(model, self.task, self.data, corruptions=("key",), sites=[site],
                           positions=("key", "value", "query"), n_resamples=0, progress=False,

@@ -40,7 +40,8 @@ from transformers.trainer_utils import SchedulerType
 from ..children import follow_parent
 from ..errors import MechEvalError
 from ..io_utils import loads_finite, locked_folder, refuse_non_finite, write_text_atomic
-from ..models import build_model, model_classes
+from ..adapters.native_config import build_native_model, is_native
+from ..models import build_model
 from ..tasks.presets import PRESETS, get_preset
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import (DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, resolved_sizes,
@@ -106,6 +107,14 @@ class MechEvalTrainer(Trainer):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return EpochShuffleSampler(len(dataset), data_seed(self.args))
 
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        # transformers' own models return their cache beside the logits (ours return none):
+        # left in, it would be taken for a second array of predictions
+        if ignore_keys is None:
+            own = getattr(getattr(model, "config", None), "keys_to_ignore_at_inference", None) or []
+            ignore_keys = [*own, "cache", "past_key_values", "cache_params"]
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+
     def _save_checkpoint(self, model, trial):
         with saving(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"):
             super()._save_checkpoint(model, trial)
@@ -162,8 +171,11 @@ def load_task_splits(task, data_args: DataArguments, run_args: RunArguments, tra
 
 def build_run_model(model_args: ModelArguments, task, seed: int, longest: int):
     set_seed(seed)  # model initialisation (transformers' convention)
-    model = build_model(model_args.architecture, vocab_size=task.vocab_size, **model_args.config_fields())
-    if 0 < model.config.max_position_embeddings < longest:
+    if is_native(model_args.architecture):      # transformers' own causal LM, as it is
+        model = build_native_model(model_args.build_config(task.vocab_size))
+    else:
+        model = build_model(model_args.architecture, vocab_size=task.vocab_size, **model_args.config_fields())
+    if 0 < (getattr(model.config, "max_position_embeddings", 0) or 0) < longest:
         raise MechEvalError(f"documents are up to {longest} tokens but the model has "
                             f"{model.config.max_position_embeddings} position embeddings")
     return model
@@ -172,7 +184,10 @@ def build_run_model(model_args: ModelArguments, task, seed: int, longest: int):
 def run_record(config, model_args, data_args, run_args, training_args, task, train_size, eval_size) -> dict:
     """What run.json holds: every resolved argument, the task and the model configuration
     (``config``: the model's, or the one it would be built from: they are equal)."""
-    return {"model": {"architecture": model_args.architecture, **config.to_diff_dict()},
+    sizes = {}
+    if is_native(model_args.architecture):   # under the common names too (GPT-2 calls them n_embd, n_layer)
+        sizes = {"hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers}
+    return {"model": {"architecture": model_args.architecture, **sizes, **config.to_diff_dict()},
             "task": {"preset": data_args.task, "config": task.config.to_dict(), "train_size": train_size,
                      "eval_size": eval_size, "dataset_seed": data_args.dataset_seed},
             "recipe": run_args.recipe,
@@ -183,7 +198,7 @@ def requested_record(model_args, data_args, run_args, training_args, task) -> di
     """The run.json that these (validated) arguments would write, without building data or model:
     what a finished or interrupted run must match to be reused or resumed (``run_dir.fingerprint``)."""
     train_size, eval_size = resolve_sizes(data_args, run_args, training_args)
-    config = model_classes(model_args.architecture)[0](vocab_size=task.vocab_size, **model_args.config_fields())
+    config = model_args.build_config(task.vocab_size)
     return json.loads(json.dumps(run_record(config, model_args, data_args, run_args, training_args, task,
                                             train_size, eval_size), default=str))
 

@@ -1,0 +1,128 @@
+"""A transformers family's config from the run's flags: ``hf:gpt2`` with --hidden_size 64
+--num_hidden_layers 2 is ``AutoConfig.for_model("gpt2", n_embd=64, n_layer=2, n_head=4, ...)``.
+
+The flags' names are transformers' common ones (``hidden_size``, ``num_hidden_layers``,
+``max_position_embeddings``); each config's ``attribute_map`` sends them to the family's own
+fields (GPT-2's ``n_embd``, ``n_layer``, ``n_positions``). Sizes the flags do not give are
+derived from the width so that a tiny model stays tiny: attention heads of 16 dimensions (one
+head below 32), an MLP of 4 × the width, Mamba-2 heads of 16 dimensions with a state of 64 (as
+our Mamba-2). ``--model_config`` sets any further field of the family's config.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError, MechEvalError
+
+NATIVE_PREFIX = "hf:"
+HEAD_DIM = 16
+MAMBA2_STATE = 64
+
+
+def is_native(architecture: str) -> bool:
+    return architecture.startswith(NATIVE_PREFIX)
+
+
+def native_model_type(architecture: str) -> str:
+    """``hf:gpt2`` -> ``gpt2``, refused unless transformers knows it as a causal LM."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = architecture[len(NATIVE_PREFIX):]
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError("architecture", f"{architecture!r}: transformers has no model type {model_type!r}; give "
+                                          "hf:<model_type> of a causal LM, e.g. hf:gpt2, hf:llama, hf:mamba, hf:mamba2")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ConfigError("architecture", f"{architecture!r} is not a causal language model in transformers "
+                                          "(AutoModelForCausalLM has no class for it); e.g. hf:gpt2, hf:llama, "
+                                          "hf:mamba, hf:mamba2")
+    return model_type
+
+
+def _attention_heads(hidden_size: int) -> int:
+    return hidden_size // HEAD_DIM if hidden_size % HEAD_DIM == 0 and hidden_size >= 2 * HEAD_DIM else 1
+
+
+def derived_sizes(defaults, hidden_size: int) -> dict[str, Any]:
+    """The sizes a family needs besides the width, for the fields its config has."""
+    fields: dict[str, Any] = {}
+    if hasattr(defaults, "expand") and hasattr(defaults, "num_heads"):
+        # Mamba-2: num_heads * head_dim must equal expand * hidden_size (the inner width)
+        inner = int(defaults.expand * hidden_size)
+        head_dim = HEAD_DIM if inner % HEAD_DIM == 0 else inner
+        fields.update(num_heads=inner // head_dim, head_dim=head_dim, n_groups=1, state_size=MAMBA2_STATE)
+        return fields
+    if hasattr(defaults, "num_attention_heads"):
+        heads = _attention_heads(hidden_size)
+        fields["num_attention_heads"] = heads
+        if hasattr(defaults, "num_key_value_heads"):
+            fields["num_key_value_heads"] = heads
+        if hasattr(defaults, "head_dim"):
+            fields["head_dim"] = hidden_size // heads
+    if hasattr(defaults, "intermediate_size") and not hasattr(defaults, "expand"):
+        fields["intermediate_size"] = 4 * hidden_size     # Mamba derives its own from expand
+    return fields
+
+
+def native_config(architecture: str, *, vocab_size: int, hidden_size: int, num_hidden_layers: int,
+                  max_position_embeddings: int | None = None, extra: dict[str, Any] | None = None):
+    """The config of ``hf:<model_type>`` at these sizes, special tokens those of the tasks'
+    tokenizer (pad 0, bos 1, eos 2). Unknown fields in ``extra`` are refused by name."""
+    from transformers import AutoConfig, CONFIG_MAPPING
+
+    from ..tasks.data import BOS, EOS, PAD
+
+    model_type = native_model_type(architecture)
+    defaults = CONFIG_MAPPING[model_type]()
+    extra = dict(extra or {})
+    unknown = sorted(k for k in extra if not hasattr(defaults, k))
+    if unknown:   # a typo would otherwise be kept as an inert attribute of the config
+        known = ", ".join(sorted(k for k in defaults.to_dict() if not k.startswith("_")))
+        raise ConfigError("model_config", f"unknown field {unknown[0]!r} for {architecture}; its fields: {known}")
+    for name, value in (("hidden_size", hidden_size), ("num_hidden_layers", num_hidden_layers)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(name, f"must be a positive integer, got {value!r}")
+    fields: dict[str, Any] = {"vocab_size": vocab_size, "hidden_size": hidden_size,
+                              "num_hidden_layers": num_hidden_layers, **derived_sizes(defaults, hidden_size),
+                              "pad_token_id": PAD, "bos_token_id": BOS, "eos_token_id": EOS}
+    if max_position_embeddings is not None:
+        if not hasattr(defaults, "max_position_embeddings"):
+            raise ConfigError("max_position_embeddings", f"{architecture} has no position embeddings; leave it unset")
+        if max_position_embeddings < 1:
+            raise ConfigError("max_position_embeddings", f"must be >= 1 for {architecture}, got "
+                                                         f"{max_position_embeddings}")
+        fields["max_position_embeddings"] = max_position_embeddings
+    fields.update(extra)
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError("model_config", f"{architecture} refuses these fields: "
+                                          f"{(str(exc).splitlines() or [''])[0]}") from None
+
+
+def build_native_model(config):
+    """A freshly initialised ``AutoModelForCausalLM`` of ``config`` (the caller seeds torch)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(config)
+    except (ValueError, TypeError, RuntimeError, AttributeError) as exc:
+        raise MechEvalError(f"hf:{config.model_type} cannot be built with this config: "
+                            f"{(str(exc).splitlines() or [''])[0]}") from None
+
+
+def count_native_parameters(config) -> int:
+    """Parameters of the model ``config`` describes, built on the meta device (no memory); the
+    built model's decoder layers must be found, so a family the interventions cannot reach is
+    refused before training."""
+    import torch
+
+    from .native_sites import native_sites
+
+    try:
+        with torch.device("meta"):
+            model = build_native_model(config)
+    except RuntimeError as exc:       # a weight of more than 2^63 bytes
+        raise MechEvalError(f"the model cannot be built: {exc}") from None
+    native_sites(model)
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,135 @@
+"""transformers' own causal LMs (--architecture hf:<model_type>): trained by our Trainer path,
+saved as plain transformers checkpoints, evaluated through the residual-stream sites of
+``adapters.native_sites``."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hf_mecheval.adapters import native_config, native_sites
+from hf_mecheval.cli import main as mecheval
+from hf_mecheval.errors import ConfigError, MechEvalError
+from hf_mecheval.interventions import FullForwardEngine, run_grid
+from hf_mecheval.tasks import build_task
+from hf_mecheval.training.run import main as train
+
+TASK = build_task("ar_32", num_kv=16, num_pairs=2)
+TINY = ["--task", "ar_32", "--task_config", '{"num_kv": 16, "num_pairs": 2}', "--train_size", "64", "--eval_size",
+        "16", "--max_steps", "3", "--hidden_size", "16", "--num_hidden_layers", "2", "--eval_strategy", "no",
+        "--save_strategy", "no", "--disable_tqdm", "true"]
+
+
+def tiny_model(model_type: str, layers: int = 2):
+    from hf_mecheval.adapters import build_native_model
+
+    torch.manual_seed(0)
+    config = native_config(f"hf:{model_type}", vocab_size=TASK.vocab_size, hidden_size=16, num_hidden_layers=layers)
+    return build_native_model(config).eval()
+
+
+@pytest.mark.parametrize("model_type, layers_path", [("gpt2", "transformer.h"), ("llama", "model.layers"),
+                                                     ("mamba", "backbone.layers")])
+def test_sites_one_set_per_decoder_layer(model_type, layers_path):
+    sites = native_sites(tiny_model(model_type, layers=3))
+    assert sites.layers_path == layers_path and sites.num_layers == 3
+    assert sites.site_names() == [f"layers.{layer}.{kind}" for layer in range(3)
+                                  for kind in ("input", "mixer_output", "output")]
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "mamba"])
+def test_patching_every_position_of_an_input_gives_the_source_run(model_type):
+    # independent invariant: the residual stream entering layer L is all that the rest of the
+    # model sees of the tokens, so replacing it everywhere by another document's must give that
+    # document's final hidden states exactly
+    engine = FullForwardEngine(native_sites(tiny_model(model_type)))
+    data = TASK.generate(6, "test", 0)
+    width = int(data.lengths.max())
+    ids = torch.as_tensor(data.padded())[:, :width].long()
+    base, source = ids[:3], ids[3:]
+    every = torch.arange(width)[None].expand(3, width)                    # (R, L): all positions
+    for layer in range(2):
+        site = f"layers.{layer}.input"
+        final_source, cached = engine.cache(source, [site])
+        patched = engine.patched_final(site, base, every, cached[site])
+        torch.testing.assert_close(patched, final_source, rtol=0, atol=0)
+        assert not torch.equal(engine.model.final_hidden(base), final_source)
+    # a layer's output is the next layer's input, so the two sites name the same tensor
+    _, cached = engine.cache(base, ["layers.0.output", "layers.1.input"])
+    assert torch.equal(cached["layers.0.output"], cached["layers.1.input"])
+
+
+def test_grid_on_an_adapted_model_has_every_cell():
+    model = tiny_model("gpt2")
+    result = run_grid(model, TASK, TASK.generate(8, "test", 0), n_resamples=10, progress=False)
+    assert result["sites"] == native_sites(model).site_names()
+    assert len(result["corruptions"]["key"]["cells"]) == 6 * 5
+    assert result["mechanism"]["label"]
+
+
+@pytest.mark.parametrize("architecture, field, message", [
+    ("hf:t5", "architecture", "not a causal language model"),
+    ("hf:no_such_model", "architecture", "transformers has no model type"),
+])
+def test_refused_model_types(architecture, field, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        native_config(architecture, vocab_size=20, hidden_size=16, num_hidden_layers=2)
+    assert info.value.field == field
+
+
+def test_layers_that_cannot_be_found():
+    model = tiny_model("gpt2")
+    model.config.num_hidden_layers = 5          # no ModuleList of 5 blocks
+    with pytest.raises(MechEvalError, match="cannot find the decoder layers of GPT2LMHeadModel"):
+        native_sites(model)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--architecture", "hf:t5"], "architecture: 'hf:t5' is not a causal language model"),
+    (["--architecture", "hf:gpt2", "--model_config", '{"n_embed": 8}'], "model_config: unknown field 'n_embed'"),
+    (["--architecture", "hf:mamba", "--max_position_embeddings", "64"], "max_position_embeddings: hf:mamba has no"),
+    (["--architecture", "hf:gpt2", "--model_config", '{"vocab_size": 8}'], "vocab_size comes from the task"),
+])
+def test_bad_native_arguments_one_line(tmp_path, capsys, extra, message):
+    assert train([*TINY, *extra, "--output_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+# loads the checkpoint in a fresh Python that never imports hf_mecheval; no CUDA kernel package
+# is imported by transformers' Mamba on a CPU
+LOAD_PLAIN = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+out = model(torch.tensor([[1, 3, 4, 2]]))
+assert out.logits.shape[-1] == model.config.vocab_size
+banned = [m for m in sys.modules if m.split('.')[0] in ('hf_mecheval', 'mamba_ssm', 'fla', 'causal_conv1d')]
+assert not banned, banned
+print(type(model).__name__)
+"""
+
+
+@pytest.mark.parametrize("model_type, class_name", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"),
+                                                    ("mamba", "MambaForCausalLM")])
+def test_train_and_evaluate_end_to_end(tmp_path, capsys, model_type, class_name):
+    run = tmp_path / model_type
+    extra = ["--restoration_every_n_steps", "3", "--restoration_examples", "8"] if model_type == "gpt2" else []
+    assert train([*TINY, "--architecture", f"hf:{model_type}", "--output_dir", str(run), *extra]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model_type"] == model_type and "auto_map" not in config
+    record = json.loads((run / "run.json").read_text())["model"]
+    assert record["architecture"] == f"hf:{model_type}" and record["hidden_size"] == 16
+    loaded = subprocess.run([sys.executable, "-c", LOAD_PLAIN, str(run)], capture_output=True, text=True)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == class_name, loaded.stderr[-2000:]
+    capsys.readouterr()
+    assert mecheval(["evaluate", str(run), "-n", "16", "--resamples", "20"]) == 0
+    result = json.loads((run / "interventions" / "interventions.json").read_text())
+    assert result["run"]["architecture"] == f"hf:{model_type}"
+    assert result["sites"] == [f"layers.{layer}.{kind}" for layer in range(2)
+                               for kind in ("input", "mixer_output", "output")]
+    assert len(result["corruptions"]["value"]["cells"]) == 6 * 5 and result["mechanism"]["label"]
+    card = (run / "README.md").read_text()       # the card tells users to load it without remote code
+    assert "trust_remote_code" not in card and f"transformers' own `{model_type}`" in card
