@@ -155,7 +155,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ interventions
 def _evaluate(args: argparse.Namespace) -> int:
-    from .reports.evaluate_run import evaluate_run, format_score as fmt, last_layer_summary
+    from .reports.evaluate_run import evaluate_run
+    from .reports.run_files import format_score as fmt, last_layer_summary
 
     result = evaluate_run(args.run_dir, out=args.out, n=args.n, split=args.split, seed=args.seed,
                           sites=args.sites, batch_size=args.batch_size, n_resamples=args.resamples,

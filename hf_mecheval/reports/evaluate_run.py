@@ -157,25 +157,3 @@ def _example(model, task, data) -> str:
     tokenizer = build_tokenizer(task)
     doc = data.document(0)
     return decoded_example(model, tokenizer, doc["input_ids"], doc["labels"])
-
-
-def format_score(value) -> str:
-    """A restoration score for tables and text: two decimals, or n/a."""
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def last_layer_summary(result: dict) -> dict:
-    """@key/@value/@query (and their intervals) at the input of the last layer, key corrupted,
-    and the mechanism."""
-    from ..interventions.grid import cell
-
-    last = max(c["layer"] for c in result["corruptions"]["key"]["cells"])
-    site = f"layers.{last}.input"
-    row = {"accuracy": result["corruptions"]["key"]["clean_accuracy"]}
-    for p in ("key", "value", "query"):
-        c = cell(result, "key", site, p)
-        row[f"@{p}"] = c["restoration"] if c else None
-        row[f"@{p}_ci"] = c["restoration_ci"] if c else None
-    row["mechanism"] = result["mechanism"]["label"]
-    row["confidence"] = result["mechanism"]["confidence"]
-    return row

@@ -40,7 +40,7 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
     extra = {}
     interventions = interventions_path(run_dir)
     if interventions.exists():
-        from .evaluate_run import format_score, last_layer_summary
+        from .run_files import format_score, last_layer_summary
 
         result = read_interventions(interventions)
         row = last_layer_summary(result)

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import MechEvalError  # noqa: E402
 from ..io_utils import write_text_atomic  # noqa: E402
-from .evaluate_run import format_score, last_layer_summary  # noqa: E402
+from .run_files import format_score, last_layer_summary  # noqa: E402
 from .plots import save_figure  # noqa: E402
 from .run_files import interventions_path, read_finished_run, read_interventions  # noqa: E402
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..io_utils import read_json, write_text_atomic
-from .evaluate_run import format_score
+from .run_files import format_score
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
 from .report import figures
 from .run_files import RESULT_ROWS

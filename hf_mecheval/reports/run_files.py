@@ -1,7 +1,9 @@
 """The JSON files of a run directory and of a results folder, read with the shape the reports
 rely on, so a damaged or foreign file is one clear error naming it (``io_utils.read_json``).
 
-Only the keys something reads without a default are required; everything else is optional.
+Only the keys something reads without a default are required; everything else is optional. The
+summary of a run's intervention grid that tables, cards and the command line show is here too
+(``last_layer_summary``, ``format_score``).
 """
 from __future__ import annotations
 
@@ -61,3 +63,25 @@ def interventions_path(run_dir: str | Path) -> Path:
 
 def read_interventions(path: str | Path) -> dict:
     return read_json(path, INTERVENTIONS)
+
+
+def format_score(value) -> str:
+    """A restoration score for tables and text: two decimals, or n/a."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def last_layer_summary(result: dict) -> dict:
+    """@key/@value/@query (and their intervals) at the input of the last layer, key corrupted,
+    and the mechanism."""
+    from ..interventions.grid import cell
+
+    last = max(c["layer"] for c in result["corruptions"]["key"]["cells"])
+    site = f"layers.{last}.input"
+    row = {"accuracy": result["corruptions"]["key"]["clean_accuracy"]}
+    for p in ("key", "value", "query"):
+        c = cell(result, "key", site, p)
+        row[f"@{p}"] = c["restoration"] if c else None
+        row[f"@{p}_ci"] = c["restoration_ci"] if c else None
+    row["mechanism"] = result["mechanism"]["label"]
+    row["confidence"] = result["mechanism"]["confidence"]
+    return row
