@@ -76,8 +76,20 @@ def test_reference_tables_pick_the_learning_rate_on_validation_and_give_verdicts
           ref("based", "based", 3e-4, 1.0, 0.99, head=1.0, key=0.0, value=0.0, query=1.0, mechanism="direct_query"),
           ref("mamba (conv 4)", "mamba", 1e-3, 0.9, 0.8, seed=0, key=0.5, value=0.0, query=0.4, mechanism="direct_key_query"),
           ref("mamba (conv 4)", "mamba", 1e-3, 0.9, 0.9, seed=1, key=0.3, value=0.1, query=0.6, mechanism="direct_key_query"),
+          ref("mamba (conv 4)", "mamba", 3e-4, 0.5, 0.5, key=0.5, value=0.0, query=0.4, mechanism="direct_key_query"),
           ref("hyena", "hyena", 1e-3, 0.3, 0.3), ref("baseconv", "baseconv", 1e-3, 0.2, 0.2),
           ref("h3", "h3", 1e-3, 0.6, 0.6)]
+    ar += [ref(label, label, 3e-4, 0.1, 0.1) for label in ("hyena", "baseconv", "h3")]
+    # a claim waits for both learning rates of its models: with only 1e-3, no verdict yet
+    partial = claim_tables({"ref_ar": [r for r in ar if r["learning_rate"] == 1e-3]})
+    assert all(line.endswith("| — | not run yet |") for line in partial["ref_verdicts"].splitlines()[2:])
+    # a failed Mamba's scores say nothing about its mechanism
+    failed = [r for r in ar if r["label"] != "mamba (conv 4)"] + [
+        ref("mamba (conv 4)", "mamba", lr, 0.2, 0.2, key=0.8, value=0.1, query=0.0, mechanism="failed")
+        for lr in (1e-3, 3e-4)]
+    verdict = {line.split(" | ")[0].strip("| "): line
+               for line in claim_tables({"ref_ar": failed})["ref_verdicts"].splitlines()[2:]}
+    assert verdict["Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1"].endswith("**does not hold** |")
     tables = claim_tables({"ref_ar": ar})
     lines = {line.split(" | ")[0].strip("| "): line for line in tables["ref_ar"].splitlines()[2:]}
     assert lines["transformer"].startswith("| transformer | 100 | 1e-3 | 3e-4: 90.0, 1e-3: 99.0 | 1 | 97.0 | 96.0 |")
