@@ -61,9 +61,13 @@ class InterventionEngine:
     def answer_probs(self, final: torch.Tensor, query_pos: torch.Tensor, answer: torch.Tensor):
         """final: (R, L, D) residual after the last block -> (p(answer), answer logit, argmax) at query_pos."""
         rows = torch.arange(final.shape[0], device=final.device)
-        logits = self.model.lm_head(self.backbone.norm_f(final[rows, query_pos])).float()   # (R, V)
+        logits = self.answer_logits(final[rows, query_pos])                                 # (R, V)
         probs = torch.softmax(logits, dim=-1)
         return probs[rows, answer], logits[rows, answer], logits.argmax(-1)
+
+    def answer_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(R, D) residual after the last block -> (R, V) float logits."""
+        return self.model.lm_head(self.backbone.norm_f(h)).float()
 
     @property
     def num_layers(self) -> int:
@@ -104,16 +108,23 @@ class InterventionEngine:
     def cache(self, input_ids: torch.Tensor, sites: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Full forward caching the outputs of ``sites``; returns (final residual, cache)."""
         store: dict[str, torch.Tensor] = {}
-        handles = []
-        for name in sites:
-            handles.append(self.model.get_site(name).register_forward_hook(
-                lambda m, i, o, name=name: store.__setitem__(name, o.detach())))
+        handles = [self.model.get_site(name).register_forward_hook(
+            lambda m, i, o, name=name: store.__setitem__(name, o.detach())) for name in sites]
         try:
-            final = self.run_layers(self.backbone.embed(input_ids), 0)
+            final = self.full_forward(input_ids)
         finally:
             for h in handles:
                 h.remove()
         return final, store
+
+    def full_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(R, L) tokens -> (R, L, D) residual after the last block."""
+        return self.run_layers(self.backbone.embed(input_ids), 0)
+
+    def run_from(self, site: str, base: torch.Tensor) -> torch.Tensor:
+        """The final residual of a run from ``site``'s layer: ``base`` is the residual entering
+        that layer in the base run, (R, L, D)."""
+        return self.run_layers(base, site_layer(site))
 
     # ------------------------------------------------------------------ patching
     @torch.no_grad()
@@ -121,7 +132,8 @@ class InterventionEngine:
                       source: torch.Tensor, source_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Run from the layer of ``site`` with the site's activation replaced at given positions.
 
-        base_input: (R, L, D) residual entering layer(site) in the base (corrupted) run.
+        base_input: (R, L, D) residual entering layer(site) in the base (corrupted) run (for
+                    ``FullForwardEngine``: the base run's tokens, (R, L); see ``run_from``).
         positions:  (R, k) positions to patch in each row (k >= 1; -1 = none).
         source:     (S, L, ...) the site's activation in the source (clean) run; row r takes its
                     values from source row ``source_rows[r]`` (R,), default r % S (so rows can
@@ -139,7 +151,7 @@ class InterventionEngine:
             return output
 
         with hooked(self.model.get_site(site), patch):
-            return self.run_layers(base_input, site_layer(site))
+            return self.run_from(site, base_input)
 
     @torch.no_grad()
     def run(self, clean_ids: torch.Tensor, corrupt_ids: torch.Tensor, positions: dict[str, torch.Tensor],
@@ -203,41 +215,16 @@ class FullForwardEngine(InterventionEngine):
     def resume_sites(self) -> list[str]:
         return []
 
-    def answer_probs(self, final: torch.Tensor, query_pos: torch.Tensor, answer: torch.Tensor):
-        """final: (R, L, D) last hidden states -> (p(answer), answer logit, argmax) at query_pos."""
-        rows = torch.arange(final.shape[0], device=final.device)
-        logits = self.model.answer_logits(final[rows, query_pos])                          # (R, V)
-        probs = torch.softmax(logits, dim=-1)
-        return probs[rows, answer], logits[rows, answer], logits.argmax(-1)
+    def answer_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(R, D) last hidden states (after the model's final norm) -> (R, V) logits."""
+        return self.model.answer_logits(h)
 
-    @torch.no_grad()
-    def cache(self, input_ids: torch.Tensor, sites: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        store: dict[str, torch.Tensor] = {}
-        handles = [self.model.get_site(name).register_forward_hook(
-            lambda m, i, o, name=name: store.__setitem__(name, o.detach())) for name in sites]
-        try:
-            final = self.model.final_hidden(input_ids)
-        finally:
-            for h in handles:
-                h.remove()
-        return final, store
+    def full_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.final_hidden(input_ids)
 
-    @torch.no_grad()
-    def patched_final(self, site: str, base_ids: torch.Tensor, positions: torch.Tensor,
-                      source: torch.Tensor, source_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """As ``InterventionEngine.patched_final``, from the base run's tokens ``base_ids`` (R, L)."""
-        rows = torch.arange(base_ids.shape[0], device=base_ids.device)[:, None].expand_as(positions)
-        valid = positions >= 0
-        r_idx, p_idx = rows[valid], positions[valid]
-        s_idx = source_rows[r_idx] if source_rows is not None else r_idx % source.shape[0]
-
-        def patch(point, inputs, output):
-            output = output.clone()
-            output[r_idx, p_idx] = source[s_idx, p_idx].to(output.dtype)
-            return output
-
-        with hooked(self.model.get_site(site), patch):
-            return self.model.final_hidden(base_ids)
+    def run_from(self, site: str, base_ids: torch.Tensor) -> torch.Tensor:
+        """A whole forward of the base run's tokens ``base_ids`` (R, L), the site patched on the way."""
+        return self.model.final_hidden(base_ids)
 
     def patched_rows(self, site, src, pos, clean_site, corrupt, final_corrupt, corrupt_ids):
         return self.patched_final(site, corrupt_ids[src], pos[:, None], clean_site, src)
