@@ -16,7 +16,7 @@ own learning rate under the shared schedule shape, with its own gradient clippin
 as for any run); checkpoints hold all copies and live in the stack directory, beside
 ``records.json`` (each copy's run.json record: ``--resume`` continues only the stack it was
 started as). The stack directory and every copy's run directory are locked while it trains, and
-replaced only if they are runs (``run_dir.py``). At the end every copy is unstacked into its own
+replaced only if they are runs (``runs/run_dir.py``). At the end every copy is unstacked into its own
 run directory — model, trainer state, per-copy history, metrics, model card — by the same code
 that finishes a run trained alone.
 
@@ -44,9 +44,11 @@ from .arguments import validate
 from .callbacks import WallClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
-from .run import (MechEvalTrainer, as_flags, build_run_model, data_seed, finish_run, is_finished, load_task_splits,
-                  padded_splits, requested_record, run_trainer, this_command)
-from .run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
+from ..runs import RunDir
+from ..runs.run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
+from .command_line import parse_dict, this_command
+from .trainer import (MechEvalTrainer, build_run_model, data_seed, finish_run, load_task_splits, padded_splits,
+                      requested_record, run_trainer)
 
 PER_COPY_FIELDS = {"learning_rate", "seed", "data_seed", "output_dir", "resume", "overwrite"}
 
@@ -274,11 +276,11 @@ RECORDS = "records.json"     # in the stack directory: each member's run.json re
 def _prepare_stack_dir(stack_dir: Path, members: list[Member], records: dict, resume: bool,
                        overwrite: bool) -> str | None:
     """Check the stack directory and the members' run directories against --resume / --overwrite
-    (every folder that will be replaced must be a run: ``run_dir.check_replaceable``); returns the
+    (every folder that will be replaced must be a run: ``runs.run_dir.check_replaceable``); returns the
     checkpoint to resume from. Nothing is deleted here (but checkpoints cut short)."""
     for m in members:
         out = Path(m.training.output_dir)
-        if is_finished(out) and not overwrite:
+        if RunDir(out).finished and not overwrite:
             raise MechEvalError(f"{out} already holds a finished run ({m.name}); leave it out of the stack "
                                 "or pass --overwrite to replace it")
         if holds_files(out) and not (overwrite or resume):
@@ -366,11 +368,9 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
     for k, (member, model) in enumerate(zip(members, stacked.unstack())):
         m_args, d_args, r_args, t_args = member.args
         run_dir = Path(t_args.output_dir)
-        clear_run_dir(run_dir)
-        write_text_atomic(run_dir / "command.txt", f"{command or this_command()}\n"
-                                                   f"# copy {k} of {K} in the stacked run {stack_dir}\n")
         record = {**records[member.name], "stack": {"dir": str(stack_dir), "copy": k, "size": K}}
-        write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
+        RunDir(run_dir).start(f"{command or this_command()}\n# copy {k} of {K} in the stacked run {stack_dir}",
+                              record)
         lone = MechEvalTrainer(model=model, args=t_args, eval_dataset=splits["validation"],
                                processing_class=build_tokenizer(task), data_collator=batch_collator,
                                compute_metrics=compute_answer_metrics,
@@ -389,7 +389,7 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
     return finals
 
 
-def load_stack_file(path: str | Path, parse) -> tuple[Path, list[Member]]:
+def load_stack_file(path: str | Path) -> tuple[Path, list[Member]]:
     """Read STACK.json (see the module docstring) into members, each parsed like a lone run."""
     try:
         spec = loads_finite(Path(path).read_text(), str(path))
@@ -401,9 +401,8 @@ def load_stack_file(path: str | Path, parse) -> tuple[Path, list[Member]]:
     for i, run in enumerate(spec["runs"]):
         if not isinstance(run, dict) or set(run) != {"name", "output_dir", "args"}:
             raise ConfigError("runs", f"entry {i} of {path} must have exactly the keys name, output_dir, args")
-        try:
-            parsed = parse(as_flags(run["args"]) + ["--output_dir", str(run["output_dir"])])
-        except ValueError as exc:
-            raise MechEvalError(f"{path}, run {run['name']}: {str(exc).splitlines()[0]}") from None
+        if not isinstance(run["args"], dict):
+            raise ConfigError("runs", f"the args of entry {i} of {path} must be an object of argument names to values")
+        parsed = parse_dict({**run["args"], "output_dir": str(run["output_dir"])}, f"{path}, run {run['name']}")
         members.append(Member(run["name"], tuple(parsed)))
     return Path(spec["output_dir"]), members

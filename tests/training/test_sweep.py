@@ -7,7 +7,8 @@ import pytest
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
-from hf_mecheval.training.run import parse, train
+from hf_mecheval.training.command_line import parse
+from hf_mecheval.training.run import train
 from hf_mecheval.training.sweep import Sweep, launch, results_table, write_results
 
 from test_training import StopAt
