@@ -8,7 +8,10 @@ STACK.json::
      "runs": [{"name": "mamba_lr1e-03_s0", "output_dir": "runs/mamba_lr1e-03_s0",
                "args": {"architecture": "mamba", "learning_rate": 0.001, "seed": 0, ...}}, ...]}
 
-Every run's arguments must agree except ``learning_rate``, ``seed`` and ``data_seed``. Each copy
+Every run's arguments must agree except ``learning_rate``, ``seed`` and ``data_seed``, and the
+architecture must be one of ours (or a plug-in's): transformers' own models (``hf:<model_type>``)
+are refused before anything starts, since a stack runs our backbone's functional path under
+``vmap`` (``models/stacked.py``); a sweep trains such runs one by one. Each copy
 is initialised exactly as its run would be alone (``set_seed(seed)`` then the model), sees the
 batches its run would see alone (``data.StackedBatchSampler``), and is updated by AdamW with its
 own learning rate under the shared schedule shape, with its own gradient clipping
@@ -36,6 +39,7 @@ from typing import Sequence
 import torch
 from torch.optim.adamw import adamw as adamw_step
 from torch.utils.data import DataLoader
+from ..adapters.native_config import is_native
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import loads_finite, locked_folder, read_json, write_text_atomic
 from ..models.stacked import StackedCausalLM
@@ -270,6 +274,18 @@ def check_compatible(members: list[Member]) -> None:
         dirs[m.name] = out
 
 
+def refuse_native(members: list[Member]) -> None:
+    """transformers' own models cannot be stacked: StackedCausalLM stacks our backbone's weights and
+    runs its functional path (``use_functional_path``, ``keep_positions``) under vmap, which a
+    GPT2LMHeadModel or MambaForCausalLM does not have. Refused before any file is touched."""
+    for m in members:
+        architecture = m.args[0].architecture
+        if is_native(architecture):
+            raise ConfigError("architecture", f"{architecture} (run {m.name}) is transformers' own model, which "
+                                              "cannot be trained in a stack (--stack); train those runs one by "
+                                              "one (mecheval train, or a sweep, which trains hf: runs alone)")
+
+
 RECORDS = "records.json"     # in the stack directory: each member's run.json record, for --resume
 
 
@@ -323,6 +339,7 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     """Train the members as one stack; returns each member's final metrics (also in its run directory)."""
     if not members:
         raise ConfigError("runs", "a stack needs at least one run")
+    refuse_native(members)
     task = [validate(*m.args) for m in members][0]     # every member checked; they share the task
     check_compatible(members)
     if members[0].training.world_size > 1:

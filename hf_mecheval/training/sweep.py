@@ -21,6 +21,7 @@ trained together, up to N at a time, as one stacked run (``training/stacked.py``
 gets its own run directory. ``auto`` stacks on a GPU as many as fit in half its free memory (at
 most 32) and does not stack on a CPU, where a step of these models is already compute-bound
 (``benchmarks/bench_stacked.py``: 5 stacked runs cost about as much as 5 runs one after another).
+Runs of transformers' own models (``hf:<model_type>``) are never stacked: each trains alone.
 
 Finished runs (``metrics.json`` present) are skipped and a run left with a checkpoint by a killed
 worker is resumed — each only if its ``run.json`` has the fingerprint of the run the sweep file
@@ -51,6 +52,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from ..adapters.native_config import is_native
 from ..children import run_child, stop_children
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import locked_folder, refuse_non_finite, write_text_atomic
@@ -215,8 +217,9 @@ class Stack:
 def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> list[Run | Stack]:
     """Group runs that may share a stack (equal arguments but learning rate and seeds) into stacks
     of at most ``stack`` runs (``auto``: ``stack_size_that_fits``). Runs left with a checkpoint by
-    a killed worker come first and train alone (as does one that wants the restoration
-    callback); the rest keep the sweep file's order, a stack taking the place of its first run."""
+    a killed worker come first and train alone (as does one that wants the restoration callback,
+    and one of transformers' own models, which ``StackedCausalLM`` cannot stack); the rest keep
+    the sweep file's order, a stack taking the place of its first run."""
     def key(run: Run) -> str:
         return json.dumps({k: v for k, v in run.args.items() if k not in STACK_FREE_FIELDS}, sort_keys=True,
                           default=str)
@@ -225,7 +228,8 @@ def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> lis
     rest = [r for r in todo if r not in started]
     groups: dict[str, list[Run]] = {}
     for run in rest:
-        if not run.args.get("restoration_every_n_steps", 0):
+        alone = run.args.get("restoration_every_n_steps", 0) or is_native(str(run.args.get("architecture", "")))
+        if not alone:
             groups.setdefault(key(run), []).append(run)
     sizes = {k: stack_size_that_fits(runs[0].args) if stack == "auto" else int(stack) for k, runs in groups.items()}
     jobs: list[Run | Stack] = list(started)
