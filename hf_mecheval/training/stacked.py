@@ -39,17 +39,18 @@ from typing import Sequence
 import torch
 from torch.optim.adamw import adamw as adamw_step
 from torch.utils.data import DataLoader
+
 from ..adapters.native_config import is_native
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import loads_finite, locked_folder, read_json, write_text_atomic
 from ..models.stacked import StackedCausalLM
+from ..runs import RunDir
+from ..runs.run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import validate
 from .callbacks import WallClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
-from ..runs import RunDir
-from ..runs.run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
 from .command_line import parse_dict, this_command
 from .trainer import (MechEvalTrainer, build_run_model, data_seed, finish_run, load_task_splits, padded_splits,
                       requested_record, run_trainer)

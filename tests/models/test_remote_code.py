@@ -6,7 +6,6 @@ import os
 import site
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
