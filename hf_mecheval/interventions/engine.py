@@ -169,8 +169,11 @@ class InterventionEngine:
         activation at row ``r_idx[i]``, position ``p_idx[i]`` replaced by ``values[i]``
         (r_idx, p_idx (K,); values (K, ...)). Returns the final residual (R, L, D)."""
         def patch(module, inputs, output):
-            # a copy: the site's output may be a tensor that the model also uses unpatched
-            output = output.clone()
+            # a state site shows a copy made for it (``Site.shows_copy``): patched in place, which
+            # spares a copy of the largest activation there is ((R, L, C, N) for H3); any other
+            # site's output may be a tensor that the model also uses unpatched, so it is copied
+            if not getattr(module, "shows_copy", False):
+                output = output.clone()
             output[r_idx, p_idx] = values.to(output.dtype)
             return output
 
