@@ -13,11 +13,25 @@ It also times one full forward of the 320 documents and prints the "minimal" cos
 <= 1.5x the minimal forward count.
 
     python benchmarks/bench_interventions.py [--arch mamba transformer] [--n 320] [--skip-peers | --peers pyvene]
+
+``--vs-native gpt2`` instead times the same grid on transformers' own model (``hf:gpt2``, or
+another ``hf:`` family) through ``FullForwardEngine`` (every patched row a whole
+forward of the corrupted tokens) against ``InterventionEngine`` on our Transformer of the same size
+(hidden, layers, heads, 64 positions): the sites both have (``layers.L.input``, ``mixer_output``,
+``output``), both corruptions, the five positions, the same documents; one bootstrap resample per
+cell, so the time is the engines'. The two are timed in alternation, ``--repeats`` times each, so
+load on the machine hits both alike; prints the median of each, their ratio, and the median time
+of one forward to the last hidden state of each model (how much of the ratio is the model rather
+than the engine). On a loaded machine pass ``--threads 1``: two threads that wait for each other
+made both sides 5-8x slower there.
+
+    python benchmarks/bench_interventions.py --vs-native gpt2 [--hidden 64] [--n 320] [--repeats 5]
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import time
 import warnings
 
@@ -126,6 +140,55 @@ def _walk(envoy, path):
     return envoy
 
 
+def native_comparison(model_type: str, hidden: int, layers: int, n: int, repeats: int) -> None:
+    """FullForwardEngine on ``hf:<model_type>`` vs InterventionEngine on our Transformer (see the
+    module's docstring)."""
+    from hf_mecheval.adapters import build_native_model, native_config
+    from hf_mecheval.interventions.engine import engine_for
+
+    task = build_task("ar_32")
+    data = task.generate(n, "test", seed=0)
+    torch.manual_seed(0)
+    config = native_config(f"hf:{model_type}", vocab_size=task.vocab_size, hidden_size=hidden,
+                           num_hidden_layers=layers, max_position_embeddings=64)
+    native = build_native_model(config).eval()
+    heads = getattr(config, "num_attention_heads", 1)     # GPT-2: n_head through its attribute_map
+    torch.manual_seed(0)
+    mine = build_model("transformer", vocab_size=task.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                       num_attention_heads=heads, max_position_embeddings=64, kernels="torch").eval()
+    sites = [f"layers.{layer}.{kind}" for layer in range(layers) for kind in ("input", "mixer_output", "output")]
+    engines = {"ours": engine_for(mine), f"hf:{model_type}": engine_for(native)}
+    for name, engine in engines.items():     # both must offer every site compared
+        missing = set(sites) - set(engine.site_names())
+        assert not missing, f"{name} lacks {sorted(missing)}"
+    models = {"ours": mine, f"hf:{model_type}": native}
+    ids, _, _ = tensors(task, data, "key")                                 # (n, L) clean documents
+    # what the engines run per forward: tokens -> final residual (n, 37, hidden), no LM head (the
+    # grid reads logits at the query only)
+    forwards = {name: time_forward(engine.full_forward, ids) for name, engine in engines.items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(repeats):               # alternate, so that a burst of load hits both
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            run_grid(model, task, data, sites=sites, n_resamples=1, progress=False, batch_size=64,
+                     keep_per_example=False)
+            times[name].append(time.perf_counter() - t0)
+    cells = len(CORRUPTIONS) * len(sites) * len(POSITIONS)
+    params = {name: sum(p.numel() for p in model.parameters()) for name, model in models.items()}
+    print(f"\nintervention grid, AR ({n} documents of {int(data.lengths.max())} tokens), hidden {hidden}, {layers} layers, {heads} head(s), "
+          f"{len(sites)} sites x {len(POSITIONS)} positions x {len(CORRUPTIONS)} corruptions = {cells} cells, "
+          f"{torch.get_num_threads()} threads, {repeats} repeats each, alternated")
+    for name, engine in engines.items():
+        spread = ", ".join(f"{t:.2f}" for t in times[name])
+        print(f"  {name:>12} ({type(engine).__name__}, {params[name]:,} parameters): median {statistics.median(times[name]):.2f} s "
+              f"({spread}); one forward of {n} documents to the last hidden state {1000 * forwards[name]:.1f} ms")
+    ours, theirs = statistics.median(times["ours"]), statistics.median(times[f"hf:{model_type}"])
+    forward_ratio = forwards[f"hf:{model_type}"] / forwards["ours"]
+    print(f"  hf:{model_type} / ours: {theirs / ours:.2f}x the grid time; {forward_ratio:.2f}x the time of one "
+          f"forward, so the engine (whole forwards instead of resuming at the patched layer) accounts for "
+          f"{theirs / ours / forward_ratio:.2f}x")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", default=["mamba", "transformer"])
@@ -133,8 +196,16 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--peers", nargs="+", default=["pyvene", "nnsight"], choices=["pyvene", "nnsight"])
+    parser.add_argument("--vs-native", metavar="MODEL_TYPE",
+                        help="compare FullForwardEngine on hf:MODEL_TYPE (e.g. gpt2) with ours on our Transformer")
+    parser.add_argument("--hidden", type=int, default=64, help="width for --vs-native")
+    parser.add_argument("--layers", type=int, default=2, help="layers for --vs-native")
+    parser.add_argument("--repeats", type=int, default=5, help="grid timings per model for --vs-native")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.vs_native:
+        native_comparison(args.vs_native, args.hidden, args.layers, args.n, args.repeats)
+        return
     for arch in args.arch:
         task, model, data = setup(arch, args.n)
         cells = len(model.site_names()) * len(POSITIONS)

@@ -156,7 +156,7 @@ def _sweep(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ interventions
 def _evaluate(args: argparse.Namespace) -> int:
     from .reports.evaluate_run import evaluate_run
-    from .reports.run_files import format_score as fmt, last_layer_summary
+    from .runs.files import format_score as fmt, last_layer_summary
 
     result = evaluate_run(args.run_dir, out=args.out, n=args.n, split=args.split, seed=args.seed,
                           sites=args.sites, batch_size=args.batch_size, n_resamples=args.resamples,
@@ -211,7 +211,7 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from .reports.model_card import push_run
+    from .runs.model_card import push_run
 
     print(f"pushed {args.run_dir} to {push_run(args.run_dir, args.repo, private=args.private)}")
     return 0

@@ -5,18 +5,26 @@ The flags' names are transformers' common ones (``hidden_size``, ``num_hidden_la
 ``max_position_embeddings``); each config's ``attribute_map`` sends them to the family's own
 fields (GPT-2's ``n_embd``, ``n_layer``, ``n_positions``). Sizes the flags do not give are
 derived from the width so that a tiny model stays tiny: attention heads of 16 dimensions (one
-head below 32), an MLP of 4 × the width, Mamba-2 heads of 16 dimensions with a state of 64 (as
-our Mamba-2). ``--model_config`` sets any further field of the family's config.
+head below 32), an MLP of 4 × the width, Mamba-2 heads of 16 dimensions with a state of 64 and
+chunks of 64 steps (as our Mamba-2). ``--model_config`` sets any further field of the family's
+config; for Mamba-2 the sizes it does not set are chosen to fit the ones it does (``mamba2_sizes``).
 """
 from __future__ import annotations
 
 from typing import Any
+
+from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import ConfigError, MechEvalError
 
 NATIVE_PREFIX = "hf:"
 HEAD_DIM = 16
 MAMBA2_STATE = 64
+# transformers' Mamba2 pads the sequence to a multiple of chunk_size before its chunked scan; its
+# default 256 makes a 37-token AR document cost a 256-step chunk (~6x the time of 64 on a CPU).
+# The chunking changes the blocking of the scan, not its result (our Mamba-2 uses 64 too).
+MAMBA2_CHUNK = 64
+MAMBA2_FIELDS = ("expand", "head_dim", "num_heads", "n_groups", "state_size", "chunk_size")
 
 
 def is_native(architecture: str) -> bool:
@@ -43,15 +51,59 @@ def _attention_heads(hidden_size: int) -> int:
     return hidden_size // HEAD_DIM if hidden_size % HEAD_DIM == 0 and hidden_size >= 2 * HEAD_DIM else 1
 
 
-def derived_sizes(defaults, hidden_size: int) -> dict[str, Any]:
-    """The sizes a family needs besides the width, for the fields its config has."""
-    fields: dict[str, Any] = {}
-    if hasattr(defaults, "expand") and hasattr(defaults, "num_heads"):
-        # Mamba-2: num_heads * head_dim must equal expand * hidden_size (the inner width)
-        inner = int(defaults.expand * hidden_size)
+def _is_mamba2(defaults) -> bool:
+    return hasattr(defaults, "expand") and hasattr(defaults, "num_heads") and hasattr(defaults, "n_groups")
+
+
+def _positive_int(architecture: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError("model_config", f"{name} must be a positive integer for {architecture}, got {value!r}")
+    return value
+
+
+def mamba2_sizes(architecture: str, hidden_size: int, extra: dict[str, Any], defaults) -> dict[str, Any]:
+    """Mamba-2's sizes from --hidden_size and whatever --model_config sets of them.
+
+    transformers' Mamba2 splits the inner width ``expand * hidden_size`` into ``num_heads`` heads
+    of ``head_dim`` channels (its config refuses a product that differs), and ``n_groups`` groups
+    of heads share B and C (its scan repeats each group ``num_heads / n_groups`` times, so that must
+    be a whole number, or the forward fails deep inside). The sizes not given are chosen to fit:
+    heads of 16 channels where 16 divides the inner width, else one head of all of it; one group; a
+    state of 64; chunks of 64 steps. Given sizes that cannot fit are one error naming them."""
+    given = {name: _positive_int(architecture, name, extra[name]) for name in MAMBA2_FIELDS if name in extra}
+    expand = given.get("expand", defaults.expand)
+    inner = expand * hidden_size                        # the width x, z and the heads live in
+    if "head_dim" in given and "num_heads" in given:
+        head_dim, heads = given["head_dim"], given["num_heads"]
+        if head_dim * heads != inner:
+            raise ConfigError("model_config", f"num_heads × head_dim ({heads} × {head_dim}) must equal expand × "
+                                              f"--hidden_size ({expand} × {hidden_size} = {inner}) for {architecture}; "
+                                              "give one of the two and the other is chosen")
+    elif "head_dim" in given or "num_heads" in given:
+        name = "head_dim" if "head_dim" in given else "num_heads"
+        if inner % given[name]:
+            choices = ", ".join(str(d) for d in range(1, inner + 1) if inner % d == 0)
+            raise ConfigError("model_config", f"{name} must divide expand × --hidden_size ({expand} × {hidden_size} "
+                                              f"= {inner}) for {architecture}, got {given[name]}; one of {choices}")
+        head_dim = given["head_dim"] if name == "head_dim" else inner // given[name]
+        heads = inner // head_dim
+    else:
         head_dim = HEAD_DIM if inner % HEAD_DIM == 0 else inner
-        fields.update(num_heads=inner // head_dim, head_dim=head_dim, n_groups=1, state_size=MAMBA2_STATE)
-        return fields
+        heads = inner // head_dim
+    groups = given.get("n_groups", 1)
+    if heads % groups:
+        choices = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise ConfigError("model_config", f"n_groups must divide the number of heads ({heads} = expand × "
+                                          f"--hidden_size / head_dim = {inner} / {head_dim}) for {architecture}, "
+                                          f"got {groups}; one of {choices}")
+    return {"expand": expand, "num_heads": heads, "head_dim": head_dim, "n_groups": groups,
+            "state_size": given.get("state_size", MAMBA2_STATE), "chunk_size": given.get("chunk_size", MAMBA2_CHUNK)}
+
+
+def derived_sizes(defaults, hidden_size: int) -> dict[str, Any]:
+    """The sizes a family needs besides the width, for the fields its config has (Mamba-2's:
+    ``mamba2_sizes``)."""
+    fields: dict[str, Any] = {}
     if hasattr(defaults, "num_attention_heads"):
         heads = _attention_heads(hidden_size)
         fields["num_attention_heads"] = heads
@@ -82,8 +134,10 @@ def native_config(architecture: str, *, vocab_size: int, hidden_size: int, num_h
     for name, value in (("hidden_size", hidden_size), ("num_hidden_layers", num_hidden_layers)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(name, f"must be a positive integer, got {value!r}")
+    sizes = (mamba2_sizes(architecture, hidden_size, extra, defaults) if _is_mamba2(defaults)
+             else derived_sizes(defaults, hidden_size))
     fields: dict[str, Any] = {"vocab_size": vocab_size, "hidden_size": hidden_size,
-                              "num_hidden_layers": num_hidden_layers, **derived_sizes(defaults, hidden_size),
+                              "num_hidden_layers": num_hidden_layers, **sizes,
                               "pad_token_id": PAD, "bos_token_id": BOS, "eos_token_id": EOS}
     if max_position_embeddings is not None:
         if not hasattr(defaults, "max_position_embeddings"):
@@ -92,12 +146,15 @@ def native_config(architecture: str, *, vocab_size: int, hidden_size: int, num_h
             raise ConfigError("max_position_embeddings", f"must be >= 1 for {architecture}, got "
                                                          f"{max_position_embeddings}")
         fields["max_position_embeddings"] = max_position_embeddings
-    fields.update(extra)
+    fields.update(extra)      # (Mamba-2's sizes already hold the ones given)
     try:
         return AutoConfig.for_model(model_type, **fields)
-    except (ValueError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError, StrictDataclassError) as exc:
+        # transformers' strict configs wrap the reason ("Class validation error for validator
+        # ...:" on the first line); the reason itself is the exception's cause
+        reason = exc.__cause__ if isinstance(exc, StrictDataclassError) and exc.__cause__ else exc
         raise ConfigError("model_config", f"{architecture} refuses these fields: "
-                                          f"{(str(exc).splitlines() or [''])[0]}") from None
+                                          f"{(str(reason).splitlines() or [''])[0]}") from None
 
 
 def build_native_model(config):

@@ -3,11 +3,15 @@ the patched layer.
 
 For a batch of (clean, corrupted) document pairs it runs
 
-1. the clean documents once, caching every requested site;
+1. the clean documents once, caching every requested site at the positions to patch only
+   (one row per (position name, document): (P*B, ...) instead of (B, L, ...) per site);
 2. the corrupted documents once, caching the residual stream entering every layer;
 3. for each site in layer L: the corrupted residual at ``layers.L.input`` is repeated once per
    position to patch (all positions in one batch) and only blocks L.. run, with a hook that
    replaces the site's activation at that row's position by the clean one.
+
+Memory per batch is proportional to the batch: the cached activations, and the patched runs of
+one site (P*B rows). ``grid.run_grid`` measures it on one document and picks a batch that fits.
 
 So the grid costs one forward of the late layers per (site, position set) instead of one full
 forward per cell. Exact shortcuts: a patch after the query (or nowhere) leaves the corrupted
@@ -80,16 +84,17 @@ class InterventionEngine:
         """What the corrupted run caches so that patched runs can start at the patched layer."""
         return [f"layers.{i}.input" for i in range(self.num_layers)]
 
-    def patched_rows(self, site: str, src: torch.Tensor, pos: torch.Tensor, clean_site: torch.Tensor,
+    def patched_rows(self, site: str, src: torch.Tensor, pos: torch.Tensor, values: torch.Tensor,
                      corrupt: dict[str, torch.Tensor], final_corrupt: torch.Tensor,
                      corrupt_ids: torch.Tensor) -> torch.Tensor:
         """Final residual (R, L, D) of corrupted example ``src[r]`` (R,) with ``site`` patched at
-        ``pos[r]`` (R,) from the clean run's activation ``clean_site`` (B, L, ...)."""
+        ``pos[r]`` (R,) by ``values[r]`` (R, ...), the clean run's activation there."""
         layer = site_layer(site)
+        rows = torch.arange(len(src), device=src.device)
         if site == f"layers.{self.num_layers - 1}.output":
             # the last block's output is the final residual: patch it, no layer to run
             final = final_corrupt[src].clone()
-            final[torch.arange(len(src)), pos] = clean_site[src, pos]
+            final[rows, pos] = values
             return final
         # layers.L.output is exactly what block L+1 receives: patching it means patching
         # layers.{L+1}.input, which runs one block fewer
@@ -97,7 +102,7 @@ class InterventionEngine:
                          else (layer, site))
         # one row per live (position name, example): all positions of this site in one batch
         base = corrupt[f"layers.{start}.input"][src]                            # (R, L, D)
-        return self.patched_final(target, base, pos[:, None], clean_site, src)
+        return self.run_patched(target, base, rows, pos, values)
 
     def run_layers(self, r: torch.Tensor, start: int) -> torch.Tensor:
         for block in self.backbone.layers[start:]:
@@ -105,11 +110,22 @@ class InterventionEngine:
         return r
 
     @torch.no_grad()
-    def cache(self, input_ids: torch.Tensor, sites: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Full forward caching the outputs of ``sites``; returns (final residual, cache)."""
+    def cache(self, input_ids: torch.Tensor, sites: list[str],
+              at: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Full forward caching the outputs of ``sites``; returns (final residual, cache).
+
+        Each site's whole activation (B, L, ...), or with ``at`` = (rows (R,), positions (R,)) only
+        the activation of row ``rows[r]`` at ``positions[r]``, (R, ...): what patching reads, kept
+        without the rest (a state trajectory (B, L, C, N) of which a handful of positions are
+        patched would otherwise stay in memory whole, for every site at once)."""
         store: dict[str, torch.Tensor] = {}
+
+        def keep(module, inputs, output, name):
+            # indexing copies the rows out, so the whole activation is freed once the model drops it
+            store[name] = output.detach() if at is None else output.detach()[at[0], at[1]]
+
         handles = [self.model.get_site(name).register_forward_hook(
-            lambda m, i, o, name=name: store.__setitem__(name, o.detach())) for name in sites]
+            lambda m, i, o, name=name: keep(m, i, o, name)) for name in sites]
         try:
             final = self.full_forward(input_ids)
         finally:
@@ -144,10 +160,21 @@ class InterventionEngine:
         valid = positions >= 0
         r_idx, p_idx = rows[valid], positions[valid]
         s_idx = source_rows[r_idx] if source_rows is not None else r_idx % source.shape[0]
+        return self.run_patched(site, base_input, r_idx, p_idx, source[s_idx, p_idx])
 
+    @torch.no_grad()
+    def run_patched(self, site: str, base_input: torch.Tensor, r_idx: torch.Tensor, p_idx: torch.Tensor,
+                    values: torch.Tensor) -> torch.Tensor:
+        """Run from the layer of ``site`` (``base_input`` as in ``patched_final``) with the site's
+        activation at row ``r_idx[i]``, position ``p_idx[i]`` replaced by ``values[i]``
+        (r_idx, p_idx (K,); values (K, ...)). Returns the final residual (R, L, D)."""
         def patch(module, inputs, output):
-            output = output.clone()
-            output[r_idx, p_idx] = source[s_idx, p_idx].to(output.dtype)
+            # a state site shows a copy made for it (``Site.shows_copy``): patched in place, which
+            # spares a copy of the largest activation there is ((R, L, C, N) for H3); any other
+            # site's output may be a tensor that the model also uses unpatched, so it is copied
+            if not getattr(module, "shows_copy", False):
+                output = output.clone()
+            output[r_idx, p_idx] = values.to(output.dtype)
             return output
 
         with hooked(self.model.get_site(site), patch):
@@ -165,16 +192,20 @@ class InterventionEngine:
         unknown = [s for s in sites if s not in set(self.site_names())]
         if unknown:
             raise MechEvalError(f"unknown site {unknown[0]!r}; valid sites: {', '.join(self.site_names())}")
-        final_clean, clean = self.cache(clean_ids, sites)
+        names = list(positions)
+        B = clean_ids.shape[0]
+        stacked = torch.stack([positions[n] for n in names]).reshape(-1)        # (P*B,) name-major
+        example = torch.arange(B, device=stacked.device).repeat(len(names))     # (P*B,)
+        # the clean activations only where they are patched in: row i of clean[site] (P*B, ...)
+        # is example[i]'s activation at stacked[i] (-1, no patch, reads position 0, never used)
+        final_clean, clean = self.cache(clean_ids, sites, at=(example, stacked.clamp(min=0)))
         final_corrupt, corrupt = self.cache(corrupt_ids, self.resume_sites())
         p_clean, logit_clean, pred_clean = self.answer_probs(final_clean, query_pos, answer)
+        del final_clean                                                         # (B, L, D), read once
         p_corrupt, logit_corrupt, pred_corrupt = self.answer_probs(final_corrupt, query_pos, answer)
         out = {"p_clean": p_clean, "p_corrupt": p_corrupt, "logit_clean": logit_clean,
                "logit_corrupt": logit_corrupt, "pred_clean": pred_clean, "pred_corrupt": pred_corrupt,
                "p_patched": {}}
-        names = list(positions)
-        B = clean_ids.shape[0]
-        stacked = torch.stack([positions[n] for n in names]).reshape(-1)        # (P*B,) name-major
         # Every mixer is causal: a patch after the query (the answer position) or nowhere (-1)
         # cannot change the prediction at the query, which stays the corrupted run's, so those
         # rows are not run — except at the residual stream entering layers 1.. (layers.L.input),
@@ -182,7 +213,6 @@ class InterventionEngine:
         # leave the prediction at the query unchanged) stays a real measurement there, and a
         # later mixer that leaked the future would show in it. (Entering layer 0 the
         # answer position holds the same token in both documents: a patch there changes nothing.)
-        example = torch.arange(B, device=stacked.device).repeat(len(names))     # (P*B,)
         patched = stacked >= 0
         live = patched & (stacked <= query_pos[example])
         for site in sites:
@@ -192,7 +222,8 @@ class InterventionEngine:
             p = p_corrupt[example].clone()                                      # (P*B,)
             if len(rows):
                 src = example[rows]
-                final = self.patched_rows(site, src, stacked[rows], clean[site], corrupt, final_corrupt, corrupt_ids)
+                final = self.patched_rows(site, src, stacked[rows], clean[site][rows], corrupt, final_corrupt,
+                                          corrupt_ids)
                 p[rows] = self.answer_probs(final, query_pos[src], answer[src])[0]
             out["p_patched"][site] = {n: p[i * B:(i + 1) * B] for i, n in enumerate(names)}
         return out
@@ -226,8 +257,8 @@ class FullForwardEngine(InterventionEngine):
         """A whole forward of the base run's tokens ``base_ids`` (R, L), the site patched on the way."""
         return self.model.final_hidden(base_ids)
 
-    def patched_rows(self, site, src, pos, clean_site, corrupt, final_corrupt, corrupt_ids):
-        return self.patched_final(site, corrupt_ids[src], pos[:, None], clean_site, src)
+    def patched_rows(self, site, src, pos, values, corrupt, final_corrupt, corrupt_ids):
+        return self.run_patched(site, corrupt_ids[src], torch.arange(len(src), device=src.device), pos, values)
 
 
 def engine_for(model) -> InterventionEngine:

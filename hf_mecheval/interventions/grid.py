@@ -6,6 +6,12 @@ label.
     result["corruptions"]["key"]["cells"]      # one entry per (site, position)
     result["mechanism"]                         # induction / direct_query / ... with evidence
 
+``batch_size`` is an upper bound: the grid measures the memory of one document first and, where
+the batch asked for would not fit in half of the memory available, runs smaller batches (saying
+so on stderr); where one document does not fit, it refuses with the estimate
+(``interventions.memory``). Restoration is per document, so results do not depend on the batch
+size beyond float rounding.
+
 JSON schema (``mecheval evaluate`` writes it as ``interventions.json``)::
 
     {"examples": N, "threshold": t, "sites": [...], "positions": [...],
@@ -28,6 +34,7 @@ from ..metrics.restoration import accuracy, summarize_restoration
 from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData
 from .engine import engine_for, site_layer
+from .memory import fitting_batch_size
 
 POSITIONS = ("key", "value", "divider", "query", "answer")
 CORRUPTIONS = ("key", "value")
@@ -52,6 +59,7 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
         raise MechEvalError("the intervention grid needs at least one document, got none")
     if batch_size < 1:
         raise MechEvalError(f"the batch size must be at least 1, got {batch_size}")
+    corruptions = list(corruptions)
     engine = engine_for(model)         # ours, or a transformers causal LM through its adapter
     sites = engine.site_names() if sites is None else list(sites)
     threshold = default_threshold(task) if threshold is None else threshold
@@ -60,18 +68,33 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
     lengths = data.lengths
     result = {"examples": len(data), "threshold": threshold, "sites": sites, "positions": list(positions),
               "corruptions": {}}
+    broken = {which: corrupt(ids, data.columns[f"{which}_pos"], task.token_classes, seed=seed, lengths=lengths)
+              for which in corruptions}
+
+    def run_batch(which: str, sl: slice) -> dict:
+        """The engine on documents ``sl``, cut to the longest of them."""
+        width = int(lengths[sl].max())
+        t = lambda a: torch.as_tensor(np.asarray(a)[sl], device=device).long()
+        return engine.run(t(ids)[:, :width], t(broken[which].input_ids)[:, :width],
+                          {p: t(data.columns[f"{p}_pos"]) for p in positions},
+                          t(data.columns["query_pos"]), t(data.columns["answer"]), sites)
+
+    # A batch's memory is proportional to its documents and depends on the model's internals:
+    # measured on the most expensive document (the longest; then the one with the most positions
+    # to patch), the batch is lowered to what fits, or the grid refused with the estimate. The
+    # probe's results are dropped: every document is measured in its batch, as asked.
+    live = sum((np.asarray(data.columns[f"{p}_pos"]) >= 0).astype(np.int64) for p in positions)    # (N,)
+    probe = int(np.lexsort((-live, -np.asarray(lengths)))[0])
+    if corruptions:
+        batch_size = fitting_batch_size(
+            lambda: run_batch(corruptions[0], slice(probe, probe + 1)), batch_size, device,
+            f"the intervention grid ({len(sites)} sites, documents of {int(lengths[probe])} tokens) on one document")
     for which in corruptions:
-        broken = corrupt(ids, data.columns[f"{which}_pos"], task.token_classes, seed=seed, lengths=lengths)
         acc = {k: [] for k in ("p_clean", "p_corrupt", "pred_clean", "pred_corrupt")}
         patched = {(s, p): [] for s in sites for p in positions}
         starts = range(0, len(data), batch_size)
         for start in tqdm(starts, desc=f"interventions ({which} corrupted)", disable=not progress):
-            sl = slice(start, start + batch_size)
-            width = int(lengths[sl].max())
-            t = lambda a: torch.as_tensor(np.asarray(a)[sl], device=device).long()
-            out = engine.run(t(ids)[:, :width], t(broken.input_ids)[:, :width],
-                             {p: t(data.columns[f"{p}_pos"]) for p in positions},
-                             t(data.columns["query_pos"]), t(data.columns["answer"]), sites)
+            out = run_batch(which, slice(start, start + batch_size))
             for k in acc:
                 acc[k].append(out[k].cpu().numpy())
             for (s, p) in patched:
@@ -89,7 +112,7 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
             "corrupt_accuracy": accuracy(acc["pred_corrupt"], answers),
             "p_clean_mean": float(acc["p_clean"].mean()), "p_corrupt_mean": float(acc["p_corrupt"].mean()),
             "denominator": float(acc["p_clean"].mean() - acc["p_corrupt"].mean()),
-            "corruption_reused_fraction": float(broken.reused.mean()),
+            "corruption_reused_fraction": float(broken[which].reused.mean()),
             "cells": cells,
         }
         if keep_per_example:

@@ -8,16 +8,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .ops_short_conv import short_conv
+
 
 class ShortConv(nn.Module):
     """Depthwise causal convolution of width ``kernel_size`` over (batch, length, channels).
 
     y[t, c] = bias[c] + sum_j weight[c, j] * x[t - (K-1) + j, c]   (x = 0 before the start)
 
-    Computed as K shifted multiply-adds in the (batch, length, channels) layout, which avoids the
-    transposes ``conv1d`` needs and is faster at these sizes. The parameter is stored as
-    ``weight`` of shape (channels, 1, K), like ``nn.Conv1d(groups=channels)``, so it is
-    interchangeable with the kernel packages.
+    The forward is ``ops_short_conv.short_conv``: K shifted multiply-adds in the (batch, length,
+    channels) layout (no transposes, as ``conv1d`` needs) with a hand-written backward that
+    accumulates the taps in place (``short_conv_reference`` there is the readable form, tested
+    against it). The parameter is stored as ``weight`` of shape (channels, 1, K), like
+    ``nn.Conv1d(groups=channels)``, so it is interchangeable with the kernel packages.
     """
 
     def __init__(self, channels: int, kernel_size: int, bias: bool = True):
@@ -31,15 +34,8 @@ class ShortConv(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (B, L, C)
-        K, L = self.kernel_size, x.shape[1]
-        w = self.weight[:, 0, :]                      # (C, K)
-        y = x * w[:, K - 1]
-        for j in range(K - 1):                          # tap j looks back K-1-j steps
-            shift = K - 1 - j
-            if shift < L:
-                y[:, shift:] = y[:, shift:] + x[:, : L - shift] * w[:, j]
-        return y if self.bias is None else y + self.bias
+        # x: (B, L, C) -> (B, L, C)
+        return short_conv(x, self.weight, self.bias)
 
     def step(self, x_t: torch.Tensor, window: torch.Tensor | None):
         """x_t: (B, C); window: (B, K-1, C) previous inputs (None = zeros). Returns (y_t, window)."""

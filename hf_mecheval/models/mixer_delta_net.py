@@ -10,7 +10,10 @@ beta_t in (0, 1), the state S_t (dk, dv) is a key -> value memory:
 The layer follows flash-linear-attention's DeltaNet with its default settings: bias-free q, k,
 v projections, each through a causal depthwise short convolution + SiLU, beta = sigmoid of a
 per-head projection, L2-normalised q and k, per-head RMSNorm on the output, bias-free output
-projection.
+projection. The four input projections run as one matmul and the three convolutions as one
+(``ops_short_conv.short_conv``) over concatenated parameters, which keep flash-linear-attention's
+names and shapes: at these sizes fewer, larger calls are faster (tested against the module-by-
+module form in ``test_delta_net.py``).
 
 Two computations of the delta rule, tested against each other:
 
@@ -32,6 +35,7 @@ from torch.nn import functional as F
 from .kernels import delta_rule_kernel, use_kernels
 from .convolutions import ShortConv
 from .mixers import zero_padding
+from .ops_short_conv import short_conv
 from .sites import Site, through_state_site
 from .configuration_mecheval import DeltaNetConfig
 from .registry import ArchitectureSpec, register_architecture
@@ -69,7 +73,7 @@ def delta_rule_recurrent(q, k, v, beta, initial_state=None, return_states: bool 
     return (o, torch.stack(states, dim=2)) if return_states else (o, S)
 
 
-def delta_rule_chunked(q, k, v, beta, chunk_size: int, initial_state=None):
+def delta_rule_chunked(q, k, v, beta, chunk_size: int, initial_state=None, output_final_state: bool = True):
     """Chunkwise-parallel delta rule (WY representation via the UT transform).
 
     Inside a chunk of C tokens starting from state S0, unrolling the recurrence gives
@@ -80,11 +84,14 @@ def delta_rule_chunked(q, k, v, beta, chunk_size: int, initial_state=None):
         A Unew = diag(beta) V - diag(beta) K S0   =>   Unew = U - W S0,
         W = A^{-1} diag(beta) K,   U = A^{-1} diag(beta) V
     (W, U depend on the chunk only, so all chunks are solved at once). Then
-        O      = Q S0 + tril(Q K^T) Unew        (tril including the diagonal: o_t reads S_t)
+        O      = Q S0 + tril(Q K^T) Unew        (tril including the diagonal: o_t = S_t^T q_t)
         S_next = S0 + K^T Unew
-    and only this last, cheap (dk x dv) recurrence runs chunk by chunk.
+    and only this last, cheap (dk x dv) recurrence runs chunk by chunk. From the zero state
+    (no ``initial_state``, first chunk) the terms in S0 vanish and are skipped, and the state is
+    carried out of the last chunk only with ``output_final_state``: a sequence in one chunk (the
+    training path at short lengths) then runs no state product at all, forward or backward.
 
-    Returns (o, S_last): (B, H, L, dv), (B, H, dk, dv).
+    Returns (o, S_last): (B, H, L, dv), (B, H, dk, dv) (None without ``output_final_state``).
     """
     B, H, L, dk = k.shape
     dv = v.shape[-1]
@@ -113,18 +120,26 @@ def delta_rule_chunked(q, k, v, beta, chunk_size: int, initial_state=None):
                                       eye.to(solve_dtype).expand(B * H * N, C, C),
                                       upper=False, unitriangular=True)
     T = T.to(A.dtype).reshape(B, H, N, C, C)
-    W, U = T @ kb, T @ vb                                                # (.., C, dk), (.., C, dv)
+    U = T @ vb                                                           # (.., C, dv)
+    W = T @ kb if N > 1 or initial_state is not None else None           # (.., C, dk): some chunk reads S0
     causal = (q @ k.transpose(-1, -2)).masked_fill(~lower, 0)            # tril(Q K^T): (.., C, C)
+    carry = N > 1 or output_final_state                                  # a chunk's end state is needed
 
-    # carry the state across chunks
-    S = initial_state if initial_state is not None else k.new_zeros(B, H, dk, dv)
+    # carry the state across chunks (None: the zero state, nothing to read or to correct)
+    S = initial_state
     outputs = []
     for n in range(N):
-        u = U[:, :, n] - W[:, :, n] @ S                                  # Unew: (B, H, C, dv)
-        outputs.append(q[:, :, n] @ S + causal[:, :, n] @ u)             # (B, H, C, dv)
-        S = S + k[:, :, n].transpose(-1, -2) @ u                         # (B, H, dk, dv)
+        if S is None:
+            u = U[:, :, n]                                               # Unew = U: (B, H, C, dv)
+            outputs.append(causal[:, :, n] @ u)
+        else:
+            u = U[:, :, n] - W[:, :, n] @ S                              # Unew: (B, H, C, dv)
+            outputs.append(q[:, :, n] @ S + causal[:, :, n] @ u)         # (B, H, C, dv)
+        if carry:
+            written = k[:, :, n].transpose(-1, -2) @ u                   # (B, H, dk, dv)
+            S = written if S is None else S + written
     o = torch.stack(outputs, dim=2).reshape(B, H, N * C, dv)[:, :, :L]
-    return o, S
+    return o, (S if output_final_state else None)
 
 
 def delta_rule_transition(k, beta):
@@ -185,6 +200,14 @@ class DeltaNetMixer(nn.Module):
 
     # shared pieces ---------------------------------------------------------------------------
 
+    def _project(self, x: torch.Tensor):
+        """x (..., D) -> q, k, v concatenated (..., 3D) and the logits of beta (..., H): the four
+        projections as one matmul over the concatenated weights (the parameters stay separate,
+        as flash-linear-attention's; at these sizes one call, and one in the backward, is faster
+        than four)."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.b_proj.weight])
+        return F.linear(x, weight).split([3 * self.hidden_size, self.num_heads], dim=-1)
+
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         # (B, L, D) -> (B, H, L, d)
         B, L, _ = x.shape
@@ -199,17 +222,19 @@ class DeltaNetMixer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # x: (B, L, D)
         B, L, D = x.shape
-        x = zero_padding(x, mask)
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)        # (B, L, D) each
+        H, d = self.num_heads, self.head_dim
+        qkv, b = self._project(zero_padding(x, mask))                   # (B, L, 3D), (B, L, H)
         if self.use_short_conv:
-            q = F.silu(self.q_conv1d(q))
-            k = F.silu(self.k_conv1d(k))
-            v = F.silu(self.v_conv1d(v))
-            q, k, v = self.conv_output(torch.cat([q, k, v], dim=-1)).split(D, dim=-1)
+            # the three convolutions as one over the concatenated channels (q, k, v)
+            weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
+            qk, v = self.conv_output(F.silu(short_conv(qkv, weight))).split([2 * D, D], dim=-1)
         else:
-            q, k = F.silu(q), F.silu(k)
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)             # (B, H, L)
-        q, k, v = _l2norm(self._heads(q)), _l2norm(self._heads(k)), self._heads(v)  # (B, H, L, d)
+            qk, v = qkv.split([2 * D, D], dim=-1)
+            qk = F.silu(qk)
+        beta = torch.sigmoid(b).transpose(1, 2)                          # (B, H, L)
+        # q and k normalised per head at once: (B, L, 2H, d) -> (B, 2H, L, d)
+        qk = _l2norm(qk.reshape(B, L, 2 * H, d)).transpose(1, 2)
+        q, k, v = qk[:, :H], qk[:, H:], self._heads(v)                   # (B, H, L, d) each
 
         if self.state.wanted():
             # materialise S_t for every t so it can be read or patched
@@ -224,7 +249,7 @@ class DeltaNetMixer(nn.Module):
                                     beta.transpose(1, 2), scale=1.0)
             o = o.transpose(1, 2)
         else:
-            o, _ = delta_rule_chunked(q, k, v, beta, self.chunk_size)    # (B, H, L, dv)
+            o, _ = delta_rule_chunked(q, k, v, beta, self.chunk_size, output_final_state=False)   # (B, H, L, dv)
         return self._out(o.transpose(1, 2))                              # (B, L, D)
 
     # one token --------------------------------------------------------------------------------
@@ -235,7 +260,8 @@ class DeltaNetMixer(nn.Module):
         B, D = x_t.shape
         x_t = zero_padding(x_t, mask)
         H, d = self.num_heads, self.head_dim
-        q, k, v = self.q_proj(x_t), self.k_proj(x_t), self.v_proj(x_t)  # (B, D) each
+        qkv, b = self._project(x_t)                                      # (B, 3D), (B, H)
+        q, k, v = qkv.split(D, dim=-1)                                   # (B, D) each
         conv = None
         if self.use_short_conv:
             wq, wk, wv = state["conv"] if state is not None else (None, None, None)
@@ -246,7 +272,7 @@ class DeltaNetMixer(nn.Module):
             conv = (wq, wk, wv)
         else:
             q, k = F.silu(q), F.silu(k)
-        beta = torch.sigmoid(self.b_proj(x_t))                           # (B, H)
+        beta = torch.sigmoid(b)                                          # (B, H)
         q, k, v = _l2norm(q.view(B, H, d)), _l2norm(k.view(B, H, d)), v.view(B, H, d)
         S = state["S"] if state is not None else x_t.new_zeros(B, H, d, d)
         S = _delta_update(S, k, v, beta)                                 # (B, H, dk, dv)

@@ -4,10 +4,11 @@
 
 * :func:`short_conv_reference`: the readable form (shifted copies of the zero-padded input,
   differentiated by autograd);
-* :func:`short_conv`: the same with a hand-written backward. Autograd through K shifted slices
-  builds a zero-filled full-size gradient per slice; the backward here accumulates the K taps in
-  place instead (on a CPU, (32, 37, 256) forward + backward: ~4x faster than autograd through
-  ``ShortConv``'s form). Both directions are plain torch ops, so ``vmap`` batches it (stacked
+* :func:`short_conv`: the same with a hand-written backward, what ``ShortConv`` runs. Autograd
+  through K shifted slices builds a zero-filled full-size gradient per slice; the backward here
+  accumulates the K taps in place instead (on a CPU, (32, 37, 256) forward + backward: ~4x faster
+  than autograd through in-place shifted slices; (32, 13, 128) with a bias, the quickstart's
+  Mamba: 1.55 -> 1.30 ms). Both directions are plain torch ops, so ``vmap`` batches it (stacked
   copies) with a generated rule.
 
 Gated DeltaNet runs its three convolutions (q, k, v) as one call over the concatenated channels.

@@ -48,6 +48,11 @@ from torch import nn
 class Site(nn.Module):
     """Identity; exists so that the activation has a name and a hook point."""
 
+    # True once the site has shown a copy made for it alone (a state trajectory through
+    # ``through_state_site``): a hook may then change the activation in place rather than clone
+    # it first. Elsewhere the activation is the model's own tensor, which it may use unpatched.
+    shows_copy = False
+
     def __init__(self, description: str, propagates_in_layer: bool = False):
         super().__init__()
         self.description = description
@@ -71,12 +76,15 @@ class Site(nn.Module):
         return self.description
 
 
-def rerun_from_patched_states(original: torch.Tensor, patched: torch.Tensor, transition) -> torch.Tensor:
+def rerun_from_patched_states(original: torch.Tensor, patched: torch.Tensor, transition,
+                              in_place: bool = False) -> torch.Tensor:
     """State trajectory after patching, for a recurrence that is linear in its state.
 
     original, patched: (B, L, ...) state trajectories (``patched`` came back from a state Site).
     transition(t, e): the recurrence's homogeneous part applied to a state difference e at step
     t (e.g. ``a_t * e`` for a diagonal SSM), shape (B, ...) -> (B, ...).
+    in_place: write the result into ``original`` (which the caller then no longer needs)
+    instead of a copy of it: one (B, L, ...) trajectory fewer in memory. Not under autograd.
 
     Semantics: every state entry where ``patched`` differs from ``original`` is *replaced*;
     every other entry is recomputed by the recurrence from the resulting previous state, so a
@@ -86,28 +94,51 @@ def rerun_from_patched_states(original: torch.Tensor, patched: torch.Tensor, tra
     (A patch that sets an entry to exactly its original value is indistinguishable from no
     patch there, and the entry is recomputed.)
     """
-    changed = patched != original
-    touched = changed.reshape(changed.shape[0], changed.shape[1], -1).any(-1).any(0)   # (L,)
-    if not bool(touched.any()):
-        return original
-    first = int(touched.nonzero()[0])                  # nothing changes before the first patch
-    result = original.clone()
-    e = None
-    for t in range(first, original.shape[1]):
+    result, e = None, None
+    for t in range(original.shape[1]):
+        # compared one step at a time, before step t of the result is written (with in_place,
+        # original[:, t] is overwritten below): no (B, L, ...) mask beside the trajectories
+        changed = patched[:, t] != original[:, t]                                  # (B, ...)
+        if e is None:
+            if not bool(changed.any()):
+                continue                                   # nothing changes before the first patch
+            result = original if in_place else original.clone()
         delta_t = patched[:, t] - original[:, t]
-        e = delta_t if e is None else torch.where(changed[:, t], delta_t, transition(t, e))
+        e = delta_t if e is None else torch.where(changed, delta_t, transition(t, e))
         result[:, t] += e
-    return result
+    return original if result is None else result
+
+
+def _own_places(t: torch.Tensor) -> bool:
+    """Whether every element of ``t`` has a place in memory of its own (a contiguous tensor or a
+    permutation of one, not an expanded view), so that it can be written in place."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
 
 
 def through_state_site(site: Site, states: torch.Tensor, transition) -> torch.Tensor:
     """A state trajectory (B, L, ...) through its ``site``; returns the trajectory the layer goes on
     with: ``states`` where nobody patched, else ``rerun_from_patched_states``. The site shows a
-    copy, so that a patch made in place (nnsight's assignments) is seen as well as a tensor that a
-    hook returns, and compared with the states as computed."""
+    copy, so that a patch made in place (nnsight's assignments, the intervention engine's hook)
+    is seen as well as a tensor that a hook returns, and compared with the states as computed.
+
+    ``states`` is the mixer's own, used afterwards only through the returned trajectory: without
+    autograd a patch is re-run into it in place (the copy it would otherwise take is the size of
+    the largest activation of the layer: H3's (B, L, C, N))."""
+    site.shows_copy = True
     shown = states.clone()
     version = shown._version
     patched = site(shown)
-    if patched is shown and shown._version == version:
+    untouched = patched is shown and shown._version == version
+    # where a hook returned another tensor, the copy is dropped here rather than kept alive
+    # through the re-run beside states, patched and the result
+    del shown
+    if untouched:
         return states                                     # read, or not observed at all
-    return rerun_from_patched_states(states, patched, transition)
+    in_place = not states.requires_grad and _own_places(states)
+    return rerun_from_patched_states(states, patched, transition, in_place=in_place)

@@ -15,7 +15,9 @@ from ..io_utils import locked_folder, read_json, writable_folder, write_text_ato
 from ..resources import check_memory
 from ..tasks.presets import get_preset, task_from_dict
 from . import plots
-from .run_files import RESTORATION_HISTORY, read_finished_run, require_files
+from ..runs import RunDir
+from ..runs.model_card import write_model_card
+from ..runs.files import RESTORATION_HISTORY
 
 
 def load_run(run_dir: str | Path):
@@ -25,8 +27,8 @@ def load_run(run_dir: str | Path):
         raise MechEvalError(f"run directory {run_dir} does not exist")
     if not run_dir.is_dir():
         raise MechEvalError(f"{run_dir} is not a run directory (give the folder `mecheval train` wrote)")
-    require_files(run_dir, ("config.json", "run.json", "metrics.json"))
-    record, _ = read_finished_run(run_dir)      # the model card written at the end needs metrics.json
+    RunDir(run_dir).require("config.json", RunDir.RECORD, RunDir.METRICS)
+    record, _ = RunDir(run_dir).finished_run()      # the model card written at the end needs metrics.json
     try:
         task = task_from_dict(get_preset(record["task"]["preset"]).task, record["task"]["config"])
     except (MechEvalError, TypeError, ValueError) as exc:
@@ -142,8 +144,6 @@ def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_si
         plots.restoration_curves(history, out / "restoration_history.png",
                                  f"{name}: restoration at the last layer's input over training")
     write_text_atomic(target, json.dumps(result, indent=1) + "\n", overwrite=True)
-    from .model_card import write_model_card
-
     write_model_card(run_dir)          # the card now carries the restoration scores and the label
     return result
 

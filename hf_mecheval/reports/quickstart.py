@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..io_utils import write_text_atomic
-from .run_files import format_score
+from ..runs.files import format_score
 from .report import collect_runs, markdown_table, write_report
 
 SETTING = {"task": "ar_32", "task_config": {"num_kv": 64, "num_pairs": 4}, "train_size": 24000, "eval_size": 256,

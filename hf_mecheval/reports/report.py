@@ -27,9 +27,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import MechEvalError  # noqa: E402
 from ..io_utils import write_text_atomic  # noqa: E402
-from .run_files import format_score, last_layer_summary  # noqa: E402
+from ..runs import RunDir  # noqa: E402
+from ..runs.files import format_score, last_layer_summary  # noqa: E402
 from .plots import save_figure  # noqa: E402
-from .run_files import interventions_path, read_finished_run, read_interventions  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
 COMPONENTS = ("mixer.conv_output", "mixer.state", "mixer_output")
@@ -56,10 +56,10 @@ def run_label(record: dict) -> str:
 
 def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
     rows = []
-    for run_dir in map(Path, run_dirs):
-        record, metrics = read_finished_run(run_dir)
+    for run_dir in map(RunDir, run_dirs):
+        record, metrics = run_dir.finished_run()
         final, model = metrics["final"], record["model"]
-        row = {"run": run_dir.resolve().name, "label": run_label(record), "architecture": model.get("architecture"),
+        row = {"run": run_dir.path.resolve().name, "label": run_label(record), "architecture": model.get("architecture"),
                "hidden_size": model.get("hidden_size"), "layers": model.get("num_hidden_layers"),
                "conv_kernel": model.get("conv_kernel", model.get("short_conv_kernel")),
                "task": record["task"]["preset"], "learning_rate": record["training"].get("learning_rate"),
@@ -70,9 +70,8 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_wall_seconds", "train_segments", "threads"):
             if key in final:
                 row[key] = final[key]
-        path = interventions_path(run_dir)
-        if path.exists():
-            result = read_interventions(path)
+        result = run_dir.interventions()
+        if result is not None:
             summary = last_layer_summary(result)
             del summary["accuracy"]                    # the clean accuracy of the grid's documents
             row.update(summary)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..training.run import is_finished
+from ..runs import RunDir
 from ..training.sweep import SWEEPS_DIR, Sweep, launch, write_results
 from .report import write_report
 
@@ -45,6 +45,6 @@ def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "
     outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, evaluate=["-n", str(n)])
     write_results(sweep, out)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]
-    finished = [r for r in runs if is_finished(r)]
+    finished = [r for r in runs if RunDir(r).finished]
     report = write_report(finished, Path(out) / sweep.name / "report", title=f"hf-mecheval: {preset}")
     return {"outcome": outcome, "report": report["out"]}

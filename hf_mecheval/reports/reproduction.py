@@ -21,10 +21,10 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..io_utils import read_json, write_text_atomic
-from .run_files import format_score
+from ..runs.files import format_score
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
 from .report import figures
-from .run_files import RESULT_ROWS
+from ..runs.files import RESULT_ROWS
 
 SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr") + REFERENCE_SWEEPS
 

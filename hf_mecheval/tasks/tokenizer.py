@@ -6,7 +6,12 @@
 One word per token id (``Task.token_names``), split on whitespace; a word outside the vocabulary
 is an error. Batches are padded on the left (``<pad>``, with the attention mask), which is what
 generation needs and what the models honour. Training runs save it beside the model, so
-``AutoTokenizer.from_pretrained(RUN_DIR)`` and ``pipeline("text-generation", model=RUN_DIR)`` work.
+``AutoTokenizer.from_pretrained(RUN_DIR)`` and ``pipeline("text-generation", model=RUN_DIR)`` work
+after ``import hf_mecheval``. Without it, a run of ours needs ``trust_remote_code=True`` for the
+tokenizer as for the model: AutoTokenizer reads the run's config.json to learn its model type, and
+a config whose class is remote code it may not run makes transformers fall back to its bare
+``PreTrainedConfig`` (model_type ""), which warns "You are using a model of type `mecheval-...` to
+instantiate a model of type ``" (``tests/models/test_remote_code.py``).
 """
 from __future__ import annotations
 

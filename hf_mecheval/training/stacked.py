@@ -8,7 +8,10 @@ STACK.json::
      "runs": [{"name": "mamba_lr1e-03_s0", "output_dir": "runs/mamba_lr1e-03_s0",
                "args": {"architecture": "mamba", "learning_rate": 0.001, "seed": 0, ...}}, ...]}
 
-Every run's arguments must agree except ``learning_rate``, ``seed`` and ``data_seed``. Each copy
+Every run's arguments must agree except ``learning_rate``, ``seed`` and ``data_seed``, and the
+architecture must be one of ours (or a plug-in's): transformers' own models (``hf:<model_type>``)
+are refused before anything starts, since a stack runs our backbone's functional path under
+``vmap`` (``models/stacked.py``); a sweep trains such runs one by one. Each copy
 is initialised exactly as its run would be alone (``set_seed(seed)`` then the model), sees the
 batches its run would see alone (``data.StackedBatchSampler``), and is updated by AdamW with its
 own learning rate under the shared schedule shape, with its own gradient clipping
@@ -16,7 +19,7 @@ own learning rate under the shared schedule shape, with its own gradient clippin
 as for any run); checkpoints hold all copies and live in the stack directory, beside
 ``records.json`` (each copy's run.json record: ``--resume`` continues only the stack it was
 started as). The stack directory and every copy's run directory are locked while it trains, and
-replaced only if they are runs (``run_dir.py``). At the end every copy is unstacked into its own
+replaced only if they are runs (``runs/run_dir.py``). At the end every copy is unstacked into its own
 run directory — model, trainer state, per-copy history, metrics, model card — by the same code
 that finishes a run trained alone.
 
@@ -36,17 +39,21 @@ from typing import Sequence
 import torch
 from torch.optim.adamw import adamw as adamw_step
 from torch.utils.data import DataLoader
+
+from ..adapters.native_config import is_native
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import loads_finite, locked_folder, read_json, write_text_atomic
 from ..models.stacked import StackedCausalLM
+from ..runs import RunDir
+from ..runs.run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import validate
 from .callbacks import WallClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
-from .run import (MechEvalTrainer, as_flags, build_run_model, data_seed, finish_run, is_finished, load_task_splits,
-                  padded_splits, requested_record, run_trainer, this_command)
-from .run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
+from .command_line import parse_dict, this_command
+from .trainer import (MechEvalTrainer, build_run_model, data_seed, finish_run, load_task_splits, padded_splits,
+                      requested_record, run_trainer)
 
 PER_COPY_FIELDS = {"learning_rate", "seed", "data_seed", "output_dir", "resume", "overwrite"}
 
@@ -268,17 +275,29 @@ def check_compatible(members: list[Member]) -> None:
         dirs[m.name] = out
 
 
+def refuse_native(members: list[Member]) -> None:
+    """transformers' own models cannot be stacked: StackedCausalLM stacks our backbone's weights and
+    runs its functional path (``use_functional_path``, ``keep_positions``) under vmap, which a
+    GPT2LMHeadModel or MambaForCausalLM does not have. Refused before any file is touched."""
+    for m in members:
+        architecture = m.args[0].architecture
+        if is_native(architecture):
+            raise ConfigError("architecture", f"{architecture} (run {m.name}) is transformers' own model, which "
+                                              "cannot be trained in a stack (--stack); train those runs one by "
+                                              "one (mecheval train, or a sweep, which trains hf: runs alone)")
+
+
 RECORDS = "records.json"     # in the stack directory: each member's run.json record, for --resume
 
 
 def _prepare_stack_dir(stack_dir: Path, members: list[Member], records: dict, resume: bool,
                        overwrite: bool) -> str | None:
     """Check the stack directory and the members' run directories against --resume / --overwrite
-    (every folder that will be replaced must be a run: ``run_dir.check_replaceable``); returns the
+    (every folder that will be replaced must be a run: ``runs.run_dir.check_replaceable``); returns the
     checkpoint to resume from. Nothing is deleted here (but checkpoints cut short)."""
     for m in members:
         out = Path(m.training.output_dir)
-        if is_finished(out) and not overwrite:
+        if RunDir(out).finished and not overwrite:
             raise MechEvalError(f"{out} already holds a finished run ({m.name}); leave it out of the stack "
                                 "or pass --overwrite to replace it")
         if holds_files(out) and not (overwrite or resume):
@@ -321,6 +340,7 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     """Train the members as one stack; returns each member's final metrics (also in its run directory)."""
     if not members:
         raise ConfigError("runs", "a stack needs at least one run")
+    refuse_native(members)
     task = [validate(*m.args) for m in members][0]     # every member checked; they share the task
     check_compatible(members)
     if members[0].training.world_size > 1:
@@ -366,11 +386,9 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
     for k, (member, model) in enumerate(zip(members, stacked.unstack())):
         m_args, d_args, r_args, t_args = member.args
         run_dir = Path(t_args.output_dir)
-        clear_run_dir(run_dir)
-        write_text_atomic(run_dir / "command.txt", f"{command or this_command()}\n"
-                                                   f"# copy {k} of {K} in the stacked run {stack_dir}\n")
         record = {**records[member.name], "stack": {"dir": str(stack_dir), "copy": k, "size": K}}
-        write_text_atomic(run_dir / "run.json", json.dumps(record, indent=2, default=str) + "\n")
+        RunDir(run_dir).start(f"{command or this_command()}\n# copy {k} of {K} in the stacked run {stack_dir}",
+                              record)
         lone = MechEvalTrainer(model=model, args=t_args, eval_dataset=splits["validation"],
                                processing_class=build_tokenizer(task), data_collator=batch_collator,
                                compute_metrics=compute_answer_metrics,
@@ -389,7 +407,7 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
     return finals
 
 
-def load_stack_file(path: str | Path, parse) -> tuple[Path, list[Member]]:
+def load_stack_file(path: str | Path) -> tuple[Path, list[Member]]:
     """Read STACK.json (see the module docstring) into members, each parsed like a lone run."""
     try:
         spec = loads_finite(Path(path).read_text(), str(path))
@@ -401,9 +419,8 @@ def load_stack_file(path: str | Path, parse) -> tuple[Path, list[Member]]:
     for i, run in enumerate(spec["runs"]):
         if not isinstance(run, dict) or set(run) != {"name", "output_dir", "args"}:
             raise ConfigError("runs", f"entry {i} of {path} must have exactly the keys name, output_dir, args")
-        try:
-            parsed = parse(as_flags(run["args"]) + ["--output_dir", str(run["output_dir"])])
-        except ValueError as exc:
-            raise MechEvalError(f"{path}, run {run['name']}: {str(exc).splitlines()[0]}") from None
+        if not isinstance(run["args"], dict):
+            raise ConfigError("runs", f"the args of entry {i} of {path} must be an object of argument names to values")
+        parsed = parse_dict({**run["args"], "output_dir": str(run["output_dir"])}, f"{path}, run {run['name']}")
         members.append(Member(run["name"], tuple(parsed)))
     return Path(spec["output_dir"]), members

@@ -21,6 +21,7 @@ trained together, up to N at a time, as one stacked run (``training/stacked.py``
 gets its own run directory. ``auto`` stacks on a GPU as many as fit in half its free memory (at
 most 32) and does not stack on a CPU, where a step of these models is already compute-bound
 (``benchmarks/bench_stacked.py``: 5 stacked runs cost about as much as 5 runs one after another).
+Runs of transformers' own models (``hf:<model_type>``) are never stacked: each trains alone.
 
 Finished runs (``metrics.json`` present) are skipped and a run left with a checkpoint by a killed
 worker is resumed — each only if its ``run.json`` has the fingerprint of the run the sweep file
@@ -51,12 +52,15 @@ from typing import Any, Sequence
 
 import yaml
 
+from ..adapters.native_config import is_native
 from ..children import run_child, stop_children
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import NUMBER, locked_folder, read_json, refuse_non_finite, write_text_atomic
+from ..io_utils import locked_folder, refuse_non_finite, write_text_atomic
+from ..runs import RunDir
+from ..runs.run_dir import check_same_run, checkpoint_problem, checkpoints
 from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
-from .run import METRICS_FILE, as_flags, is_finished, parse, requested_record, resolve_run_args
-from .run_dir import check_same_run, checkpoint_problem, checkpoints
+from .command_line import as_flags, parse_dict, resolve_run_args
+from .trainer import requested_record
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"     # package data: in the wheel too
 
@@ -79,8 +83,6 @@ RUN_FIELDS = {f.name for cls in (ModelArguments, DataArguments, RunArguments, Me
 SELECTION_FIELDS = ("learning_rate", "seed")
 SWEEP_KEYS = ("name", "task", "defaults", "grids", "seeds")
 MAX_RUNS = 10_000          # more is a typo (or a job for several sweep files): checking them alone takes minutes
-# what a finished run's metrics.json must hold for the results table
-FINISHED_METRICS = {"final": {"validation_accuracy": NUMBER, "test_accuracy": NUMBER}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +217,9 @@ class Stack:
 def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> list[Run | Stack]:
     """Group runs that may share a stack (equal arguments but learning rate and seeds) into stacks
     of at most ``stack`` runs (``auto``: ``stack_size_that_fits``). Runs left with a checkpoint by
-    a killed worker come first and train alone (as does one that wants the restoration
-    callback); the rest keep the sweep file's order, a stack taking the place of its first run."""
+    a killed worker come first and train alone (as does one that wants the restoration callback,
+    and one of transformers' own models, which ``StackedCausalLM`` cannot stack); the rest keep
+    the sweep file's order, a stack taking the place of its first run."""
     def key(run: Run) -> str:
         return json.dumps({k: v for k, v in run.args.items() if k not in STACK_FREE_FIELDS}, sort_keys=True,
                           default=str)
@@ -225,7 +228,8 @@ def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> lis
     rest = [r for r in todo if r not in started]
     groups: dict[str, list[Run]] = {}
     for run in rest:
-        if not run.args.get("restoration_every_n_steps", 0):
+        alone = run.args.get("restoration_every_n_steps", 0) or is_native(str(run.args.get("architecture", "")))
+        if not alone:
             groups.setdefault(key(run), []).append(run)
     sizes = {k: stack_size_that_fits(runs[0].args) if stack == "auto" else int(stack) for k, runs in groups.items()}
     jobs: list[Run | Stack] = list(started)
@@ -309,7 +313,7 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
     if busy:    # another process (a sweep killed before it could stop its children?) writes there
         return {"name": job.name, "runs": job.run_names(), "returncode": 2,
                 "log": f"{busy} is in use by another process; its log was left alone"}
-    trained = all(is_finished(runs_dir / name) for name in job.run_names())   # only its grid is missing
+    trained = all(RunDir(runs_dir / name).finished for name in job.run_names())   # only its grid is missing
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:
         returncode = 0
@@ -318,7 +322,7 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
             returncode = _logged_child(cmd, handle, env)
         for name in job.run_names() if evaluate is not None else []:
             run_dir = runs_dir / name
-            if is_finished(run_dir) and not has_interventions(run_dir):
+            if RunDir(run_dir).finished and not RunDir(run_dir).evaluated:
                 grid = [sys.executable, "-m", "hf_mecheval.cli", "evaluate", str(run_dir), *evaluate]
                 returncode = returncode or _logged_child(grid, handle, {**env, "TQDM_DISABLE": "1"})
     return {"name": job.name, "runs": job.run_names(), "returncode": returncode, "log": str(log)}
@@ -330,10 +334,6 @@ def _logged_child(cmd: list[str], handle, env: dict) -> int:
     handle.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
     handle.flush()
     return run_child(cmd, handle, env)
-
-
-def has_interventions(run_dir: Path) -> bool:
-    return (run_dir / "interventions" / "interventions.json").exists()
 
 
 def _in_use(folders: list[Path]) -> Path | None:
@@ -406,8 +406,8 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     check_launcher(launcher, stack)
     workers, threads, devices = plan_workers(workers)
     check_existing_runs(runs, runs_dir)
-    todo = [r for r in runs if not is_finished(runs_dir / r.name)
-            or (evaluate is not None and not has_interventions(runs_dir / r.name))]
+    todo = [r for r in runs if not RunDir(runs_dir / r.name).finished
+            or (evaluate is not None and not RunDir(runs_dir / r.name).evaluated)]
     skipped = [r.name for r in runs if r not in todo]
     jobs = plan_jobs(todo, runs_dir, stack)
     if progress and jobs:
@@ -416,9 +416,9 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
         results = _launch_local(jobs, runs_dir, threads, devices, progress, evaluate)
     else:
         results = _launch_ray(jobs, runs_dir, threads, progress, evaluate)
-    finished = [name for r in results for name in r["runs"] if is_finished(runs_dir / name)]
+    finished = [name for r in results for name in r["runs"] if RunDir(runs_dir / name).finished]
     failed = [f"{name} (exit {r['returncode']}, log {r['log']})" for r in results for name in r["runs"]
-              if not is_finished(runs_dir / name)]
+              if not RunDir(runs_dir / name).finished]
     return {"finished": finished, "skipped": skipped, "failed": failed}
 
 
@@ -428,11 +428,11 @@ def check_existing_runs(runs: list[Run], runs_dir: Path) -> None:
     run's metrics.json must be readable; otherwise one clear error names the run."""
     for run in runs:
         run_dir = runs_dir / run.name
-        finished = is_finished(run_dir)
+        finished = RunDir(run_dir).finished
         if finished:
-            read_json(run_dir / METRICS_FILE, FINISHED_METRICS)
+            RunDir(run_dir).metrics()
         if finished or ((run_dir / "run.json").exists() and _resumable(run_dir)):
-            parsed = parse(run.flags() + ["--output_dir", str(run_dir)])
+            parsed = parse_dict({**run.args, "output_dir": str(run_dir)}, f"run {run.name}")
             requested = requested_record(*parsed, validate(*parsed))
             check_same_run(run_dir, requested, "reuse" if finished else "resume")
 
@@ -509,9 +509,9 @@ def collect(sweep: Sweep, out: str | Path) -> list[dict]:
     """One row per finished run: its grid fields and final metrics."""
     rows = []
     for run in sweep.runs:
-        path = Path(out) / sweep.name / "runs" / run.name / METRICS_FILE
-        if path.exists():
-            final = read_json(path, FINISHED_METRICS)["final"]
+        run_dir = RunDir(Path(out) / sweep.name / "runs" / run.name)
+        if run_dir.finished:
+            final = run_dir.metrics()["final"]
             rows.append({"run": run.name, **{k: run.args.get(k) for k in sweep.grid_fields}, **final})
     return rows
 

@@ -156,3 +156,31 @@ def test_run_grid_refuses_empty_data_and_zero_batches(run_dir):
         run_grid(model, task, task.generate(0, "test", 0), progress=False)
     with pytest.raises(MechEvalError, match="batch size must be at least 1"):
         run_grid(model, task, task.generate(4, "test", 0), batch_size=0, progress=False)
+
+
+def test_a_grid_beyond_memory_is_one_clear_error(run_dir, tmp_path, capsys, monkeypatch):
+    """One document whose activations (measured) do not fit in the memory free for the grid: exit
+    2 with the estimate, not an OOM kill in the middle of the grid."""
+    import torch
+
+    from hf_mecheval.interventions.engine import engine_for
+    from hf_mecheval.interventions.memory import TensorMemory
+    from hf_mecheval.reports.evaluate_run import load_run
+
+    model, task, _ = load_run(run_dir)
+    data = task.generate(8, "test", 0)
+    ids = torch.as_tensor(data.padded()[:1]).long()
+    col = lambda c: torch.as_tensor(data.columns[c][:1]).long()
+    engine = engine_for(model)
+    with TensorMemory() as memory:
+        engine.run(ids, ids, {"key": col("key_pos")}, col("query_pos"), col("answer"), engine.site_names())
+    # a machine with as much memory as one document's cached activations and patched runs (of one
+    # position name; the grid has five): the grid gets half of it. The other checks still pass.
+    assert memory.peak > task.memory_estimate(8) + 8 * 4 * 10 * 8
+    monkeypatch.setattr("hf_mecheval.resources.memory_limit", lambda: memory.peak)
+    out = tmp_path / "out"
+    assert mecheval(["evaluate", str(run_dir), "-n", "8", "--resamples", "10", "--out", str(out)]) == 2
+    line = one_error(capsys)
+    assert "the intervention grid (" in line and "on one document would need about" in line, line
+    assert "free for it" in line and "evaluate fewer sites" in line
+    assert not (out / "interventions.json").exists()

@@ -30,7 +30,7 @@ def tiny_model(model_type: str, layers: int = 2):
 
 
 @pytest.mark.parametrize("model_type, layers_path", [("gpt2", "transformer.h"), ("llama", "model.layers"),
-                                                     ("mamba", "backbone.layers")])
+                                                     ("mamba", "backbone.layers"), ("mamba2", "backbone.layers")])
 def test_sites_one_set_per_decoder_layer(model_type, layers_path):
     sites = native_sites(tiny_model(model_type, layers=3))
     assert sites.layers_path == layers_path and sites.num_layers == 3
@@ -38,7 +38,7 @@ def test_sites_one_set_per_decoder_layer(model_type, layers_path):
                                   for kind in ("input", "mixer_output", "output")]
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama", "mamba"])
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "mamba", "mamba2"])
 def test_patching_every_position_of_an_input_gives_the_source_run(model_type):
     # independent invariant: the residual stream entering layer L is all that the rest of the
     # model sees of the tokens, so replacing it everywhere by another document's must give that
@@ -85,8 +85,57 @@ def test_layers_that_cannot_be_found():
         native_sites(model)
 
 
+def mamba2(hidden_size=16, **extra):
+    config = native_config("hf:mamba2", vocab_size=TASK.vocab_size, hidden_size=hidden_size, num_hidden_layers=2,
+                           extra=extra)
+    return {k: getattr(config, k) for k in ("expand", "num_heads", "head_dim", "n_groups", "state_size", "chunk_size")}
+
+
+def test_mamba2_sizes_fit_the_width_and_what_model_config_sets():
+    # heads of 16 channels over the inner width expand * hidden = 32, a state of 64, chunks of 64
+    assert mamba2() == dict(expand=2, num_heads=2, head_dim=16, n_groups=1, state_size=64, chunk_size=64)
+    assert mamba2(hidden_size=20)["num_heads"] == 1 and mamba2(hidden_size=20)["head_dim"] == 40
+    # one of head_dim / num_heads given: the other follows; expand changes the inner width
+    assert (mamba2(head_dim=8)["num_heads"], mamba2(num_heads=8)["head_dim"]) == (4, 4)
+    assert mamba2(expand=3) == dict(expand=3, num_heads=3, head_dim=16, n_groups=1, state_size=64, chunk_size=64)
+    assert mamba2(n_groups=2, state_size=8, chunk_size=16)["n_groups"] == 2
+    # every chosen size builds a model that runs (n_groups that do not divide the heads would
+    # only fail inside the forward)
+    for extra in ({}, {"head_dim": 8, "n_groups": 4}, {"expand": 1, "num_heads": 16}):
+        from hf_mecheval.adapters import build_native_model
+
+        config = native_config("hf:mamba2", vocab_size=TASK.vocab_size, hidden_size=16, num_hidden_layers=1,
+                               extra=extra)
+        logits = build_native_model(config)(torch.tensor([[1, 3, 4, 2, 5]])).logits
+        assert logits.shape == (1, 5, TASK.vocab_size)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"head_dim": 12}, "model_config: head_dim must divide expand × --hidden_size (2 × 16 = 32) for hf:mamba2, "
+                       "got 12; one of 1, 2, 4, 8, 16, 32"),
+    ({"num_heads": 5}, "model_config: num_heads must divide expand × --hidden_size (2 × 16 = 32)"),
+    ({"head_dim": 8, "num_heads": 3}, "model_config: num_heads × head_dim (3 × 8) must equal expand × --hidden_size"),
+    ({"n_groups": 3}, "model_config: n_groups must divide the number of heads (2 = expand × --hidden_size / "
+                      "head_dim = 32 / 16) for hf:mamba2, got 3; one of 1, 2"),
+    ({"chunk_size": 0}, "model_config: chunk_size must be a positive integer for hf:mamba2, got 0"),
+    ({"expand": 1.5}, "model_config: expand must be a positive integer for hf:mamba2, got 1.5"),
+])
+def test_mamba2_sizes_that_cannot_fit_are_one_error(extra, message):
+    with pytest.raises(ConfigError) as info:
+        mamba2(**extra)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_a_field_transformers_refuses_is_one_line():
+    # transformers' strict configs raise their own error type, its reason on the second line
+    with pytest.raises(ConfigError, match=r"^model_config: hf:llama refuses these fields: The hidden size \(16\) is "
+                                          r"not a multiple of the number of attention heads \(3\)\.$"):
+        native_config("hf:llama", vocab_size=20, hidden_size=16, num_hidden_layers=2, extra={"num_attention_heads": 3})
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--architecture", "hf:t5"], "architecture: 'hf:t5' is not a causal language model"),
+    (["--architecture", "hf:mamba2", "--model_config", '{"n_groups": 3}'], "model_config: n_groups must divide"),
     (["--architecture", "hf:gpt2", "--model_config", '{"n_embed": 8}'], "model_config: unknown field 'n_embed'"),
     (["--architecture", "hf:mamba", "--max_position_embeddings", "64"], "max_position_embeddings: hf:mamba has no"),
     (["--architecture", "hf:gpt2", "--model_config", '{"vocab_size": 8}'], "vocab_size comes from the task"),
@@ -113,7 +162,7 @@ print(type(model).__name__)
 
 
 @pytest.mark.parametrize("model_type, class_name", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"),
-                                                    ("mamba", "MambaForCausalLM")])
+                                                    ("mamba", "MambaForCausalLM"), ("mamba2", "Mamba2ForCausalLM")])
 def test_train_and_evaluate_end_to_end(tmp_path, capsys, model_type, class_name):
     run = tmp_path / model_type
     extra = ["--restoration_every_n_steps", "3", "--restoration_examples", "8"] if model_type == "gpt2" else []

@@ -1,11 +1,12 @@
 """DeltaNet mixer: the three delta-rule computations agree, and the mixer keeps the contract."""
 import pytest
 import torch
+from torch.nn import functional as F
 
 from hf_mecheval.models.configuration_mecheval import DeltaNetConfig
 from hf_mecheval.models.sites import rerun_from_patched_states
 from hf_mecheval.models.mixer_delta_net import (
-    DeltaNetMixer, delta_rule_chunked, delta_rule_recurrent, delta_rule_transition,
+    DeltaNetMixer, _l2norm, delta_rule_chunked, delta_rule_recurrent, delta_rule_transition,
 )
 
 
@@ -172,3 +173,51 @@ def test_chunked_gradients_match_recurrent():
     (delta_rule_chunked(*inputs, chunk_size=4)[0] * w).sum().backward()
     for t, g in zip(inputs, ref):
         assert (t.grad - g).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("chunk", [3, 11, 64])          # several chunks, and the whole sequence in one
+@pytest.mark.parametrize("final", [True, False])
+def test_chunked_from_zero_state_skips_nothing_it_needs(chunk, final):
+    # from the zero state the S0 terms are skipped, and without output_final_state the last chunk's
+    # state is not carried out: outputs and gradients still equal the loop's (float64, 1e-10)
+    inputs = [t.requires_grad_() for t in _inputs(L=11)]
+    w = torch.randn(2, 2, 11, 3, dtype=torch.float64)
+    o_ref, S_ref = delta_rule_recurrent(*inputs)
+    ref = torch.autograd.grad((o_ref * w).sum(), inputs)
+    o, S = delta_rule_chunked(*inputs, chunk, output_final_state=final)
+    assert (o - o_ref).abs().max() <= 1e-10
+    assert S is None if not final else (S - S_ref).abs().max() <= 1e-10
+    for g, r in zip(torch.autograd.grad((o * w).sum(), inputs), ref):
+        assert (g - r).abs().max() <= 1e-10
+
+
+def _module_by_module(m, x):
+    """The readable form of DeltaNetMixer.forward: each projection and convolution on its own,
+    then the reference loop over time."""
+    B, L, D = x.shape
+    H, d = m.num_heads, m.head_dim
+    q, k, v = m.q_proj(x), m.k_proj(x), m.v_proj(x)
+    if m.use_short_conv:
+        q, k, v = F.silu(m.q_conv1d(q)), F.silu(m.k_conv1d(k)), F.silu(m.v_conv1d(v))
+    else:
+        q, k = F.silu(q), F.silu(k)
+    heads = lambda t: t.reshape(B, L, H, d).transpose(1, 2)                     # noqa: E731
+    o, _ = delta_rule_recurrent(_l2norm(heads(q)), _l2norm(heads(k)), heads(v),
+                                torch.sigmoid(m.b_proj(x)).transpose(1, 2))
+    return m.o_proj(m.o_norm(o.transpose(1, 2)).flatten(-2))
+
+
+@pytest.mark.parametrize("kw", [{}, {"use_short_conv": False}, {"heads": 1}])
+def test_fused_projections_and_convolutions_equal_module_by_module(kw):
+    # forward runs the four projections and the three convolutions as one call each: values and
+    # the gradients of the input and of every parameter equal the module-by-module form (float64, 1e-10)
+    m = _mixer(**{"heads": 2, **kw})
+    x = _x().requires_grad_()
+    w = torch.randn(2, 11, 8, dtype=torch.float64)
+    params = [x, *m.parameters()]
+    ref = _module_by_module(m, x)
+    ref_grads = torch.autograd.grad((ref * w).sum(), params)
+    y = m(x)
+    assert (y - ref).abs().max() <= 1e-10
+    for g, r in zip(torch.autograd.grad((y * w).sum(), params), ref_grads):
+        assert (g - r).abs().max() <= 1e-10

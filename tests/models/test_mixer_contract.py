@@ -119,9 +119,17 @@ def test_vmap_over_stacked_copies_equals_each_copy(arch, variant, layer):
     def run(p, b, x_k, **kwargs):
         return torch.func.functional_call(copies[0], (p, b), (x_k,), kwargs)
 
+    params = {n: p.detach().requires_grad_() for n, p in params.items()}
     stacked = torch.func.vmap(run)(params, buffers, x)
     for k, copy in enumerate(copies):
         torch.testing.assert_close(stacked[k], copy(x[k]), rtol=0, atol=1e-10)
+    # backward through vmap, as a stacked run trains (every custom autograd function's vmap rule):
+    # copy k's slice of each stacked gradient is the gradient that copy gets alone
+    stacked.pow(2).sum().backward()
+    for k, copy in enumerate(copies):
+        copy(x[k]).pow(2).sum().backward()
+        for name, p in copy.named_parameters():
+            torch.testing.assert_close(params[name].grad[k], p.grad, rtol=1e-7, atol=1e-9, msg=name)
     if getattr(copies[0], "accepts_keep", False):
         keep = torch.tensor([[2], [9]])
         stacked = torch.func.vmap(lambda p, b, x_k: run(p, b, x_k, keep=keep))(params, buffers, x)

@@ -6,7 +6,6 @@ import os
 import site
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -133,3 +132,65 @@ def test_the_package_loads_a_remote_code_checkpoint_with_its_own_classes(arch, t
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True)
     assert type(loaded) is MODEL_CLASSES[arch][2]          # registered classes win over the copy
+
+
+# In a Python without hf_mecheval: every documented way to load a run (pipeline, AutoTokenizer,
+# AutoConfig, each with trust_remote_code=True) is read through the run's own config class, whose
+# model_type is the checkpoint's. transformers warns "You are using a model of type
+# `mecheval-mamba` to instantiate a model of type ``" only where it falls back to its bare
+# PreTrainedConfig (model_type ""): AutoTokenizer without trust_remote_code, which must read
+# config.json to learn the model type and may not run the code that defines it.
+QUIET_LOADER = r"""
+import importlib.util, json, logging, sys
+sys.path[1:1] = json.loads(sys.argv[1])
+assert importlib.util.find_spec("hf_mecheval") is None, "hf_mecheval is importable"
+from transformers import AutoConfig, AutoTokenizer, pipeline
+from transformers.utils import logging as hf_logging
+
+folder, step, seen = sys.argv[2], None, {}
+
+class Capture(logging.Handler):                   # every record of transformers' loggers, by step
+    def emit(self, record):
+        seen.setdefault(step, []).append(record.getMessage())
+
+hf_logging.get_logger().addHandler(Capture(level=logging.DEBUG))
+step = "probe"       # the capture sees the logger the warning comes from
+hf_logging.get_logger("transformers.configuration_utils").warning("probe")
+step = "pipeline"
+generate = pipeline("text-generation", model=folder, trust_remote_code=True)
+text = generate(sys.argv[3], max_new_tokens=1)[0]["generated_text"]
+step = "tokenizer"
+AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+step = "config"
+model_type = AutoConfig.from_pretrained(folder, trust_remote_code=True).model_type
+step = "tokenizer without trust_remote_code"
+AutoTokenizer.from_pretrained(folder)
+with open("quiet.json", "w") as f:
+    json.dump({"seen": seen, "model_type": model_type, "text": text}, f)
+"""
+
+
+def test_loading_a_run_as_remote_code_does_not_warn_about_its_model_type(tmp_path):
+    from hf_mecheval.tasks import build_task
+    from hf_mecheval.tasks.tokenizer import build_tokenizer
+
+    folder = tmp_path / "mamba"
+    tiny("mamba").save_pretrained(folder)
+    build_tokenizer(build_task("ar_32", num_kv=8, num_pairs=2, vocab_size=11)).save_pretrained(folder)
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET_LOADER)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRANSFORMERS_VERBOSITY")}
+    proc = subprocess.run([sys.executable, "-S", str(script), json.dumps(site.getsitepackages()), str(folder),
+                           PROMPT], capture_output=True, text=True, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads((tmp_path / "quiet.json").read_text())
+    assert out["model_type"] == "mecheval-mamba" and out["text"].startswith(PROMPT)
+    seen = out["seen"]
+    assert seen["probe"] == ["probe"]
+    wrong_type = "to instantiate a model of type"
+    for step in ("pipeline", "tokenizer", "config"):
+        assert not [m for m in seen.get(step, []) if wrong_type in m], (step, seen.get(step))
+    # the same capture sees the warning where transformers does emit it (hence the docs' advice to
+    # pass trust_remote_code=True to AutoTokenizer too)
+    untrusted = [m for m in seen["tokenizer without trust_remote_code"] if wrong_type in m]
+    assert untrusted and "`mecheval-mamba` to instantiate a model of type ``" in untrusted[0]

@@ -7,7 +7,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 from hf_mecheval.errors import MechEvalError
-from hf_mecheval.reports import model_card
+from hf_mecheval.runs import model_card
 from hf_mecheval.training.run import main as train
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from hf_mecheval.training.run import main, parse, train
+from hf_mecheval.training.command_line import parse
+from hf_mecheval.training.run import main, train
 
 from test_training import SHORT, StopAt, run_args
 
@@ -122,8 +123,8 @@ def test_resume_refuses_other_arguments_naming_them(tmp_path, capsys, interrupte
 
 def test_the_fingerprint_ignores_what_does_not_change_the_result(tmp_path):
     from hf_mecheval.training.arguments import validate
-    from hf_mecheval.training.run import requested_record
-    from hf_mecheval.training.run_dir import differences
+    from hf_mecheval.training.trainer import requested_record
+    from hf_mecheval.runs.run_dir import differences
 
     def record(*extra):
         parsed = parse(run_args(tmp_path / "x", *SHORT, *extra))
@@ -139,8 +140,8 @@ def test_the_fingerprint_ignores_what_does_not_change_the_result(tmp_path):
 
 def test_a_run_written_by_train_has_the_requested_fingerprint(tmp_path):
     from hf_mecheval.training.arguments import validate
-    from hf_mecheval.training.run import requested_record
-    from hf_mecheval.training.run_dir import differences
+    from hf_mecheval.training.trainer import requested_record
+    from hf_mecheval.runs.run_dir import differences
 
     run = tmp_path / "run"
     assert main(run_args(run, *QUICK)) == 0

@@ -9,10 +9,11 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from hf_mecheval.errors import ConfigError, MechEvalError
-from hf_mecheval.models import ARCHITECTURES
 from hf_mecheval.tasks.presets import build_task
 from hf_mecheval.training.data import PaddedTaskDataset, StackedBatchSampler, batch_collator, epoch_order
-from hf_mecheval.training.run import MechEvalTrainer, main, parse, train
+from hf_mecheval.training.command_line import parse
+from hf_mecheval.training.run import main, train
+from hf_mecheval.training.trainer import MechEvalTrainer
 from hf_mecheval.training.stacked import Member, StackedAdamW, copy_history, train_stacked
 from hf_mecheval.training.sweep import Stack, Sweep, launch, plan_jobs
 
@@ -42,7 +43,14 @@ def max_weight_difference(a: Path, b: Path) -> float:
     return max((x[k] - y[k]).abs().max().item() for k in x)
 
 
-@pytest.mark.parametrize("arch", [name for name, spec in ARCHITECTURES.items() if spec.builtin])
+# What stacking adds around the model (the per-copy optimizer, clipping, batches, schedule and the
+# unstacking into run directories) is the same for every architecture, and every mixer's forward
+# and backward under vmap is checked against its copies by the mixer contract test
+# (tests/models/test_mixer_contract.py): two architectures, attention and a recurrent scan, suffice here.
+WHOLE_RUN_ARCHITECTURES = ["transformer", "mamba"]
+
+
+@pytest.mark.parametrize("arch", WHOLE_RUN_ARCHITECTURES)
 def test_five_stacked_runs_equal_five_runs_trained_alone(arch, tmp_path):
     # 50 steps, 4 epochs (12 steps each: the epoch orders change), per-copy clipping (norms > 1
     # early on), weight decay, evaluation every epoch
@@ -138,6 +146,29 @@ def test_stack_file_entry_point_and_its_errors(tmp_path, capsys):
         train_stacked(members("based", tmp_path / "x", COPIES[:2], "--restoration_every_n_steps", "5"), tmp_path / "s")
 
 
+def test_a_stack_of_transformers_own_models_is_refused_before_anything_starts(tmp_path, capsys):
+    # StackedCausalLM runs our backbone's functional path under vmap; a GPT2LMHeadModel has none
+    runs = [{"name": f"g{i}", "output_dir": str(tmp_path / f"g{i}"),
+             "args": {"task": "ar_32", "task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 32,
+                      "eval_size": 16, "hidden_size": 16, "max_steps": 3, "learning_rate": lr,
+                      "architecture": "hf:gpt2", "save_strategy": "no", "eval_strategy": "no"}}
+            for i, lr in enumerate((1e-3, 1e-2))]
+    spec = tmp_path / "stack.json"
+    spec.write_text(json.dumps({"output_dir": str(tmp_path / "stack"), "runs": runs}))
+    assert main(["--stack", str(spec)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        "architecture: hf:gpt2 (run g0) is transformers' own model, which cannot be trained in a stack (--stack); "
+        "train those runs one by one (mecheval train, or a sweep, which trains hf: runs alone)"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stack.json"]        # no stack or run directory
+    # one hf: member among ours is refused the same way, naming it
+    mixed = members("based", tmp_path / "m", COPIES[:1]) + [
+        Member("llama", tuple(parse(flags("hf:llama", tmp_path / "m" / "llama", 1e-3, 1))))]
+    with pytest.raises(ConfigError, match=r"^architecture: hf:llama \(run llama\)") as info:
+        train_stacked(mixed, tmp_path / "m" / "stack")
+    assert info.value.field == "architecture" and not (tmp_path / "m").exists()
+
+
 def test_batches_follow_each_runs_own_epoch_order(tmp_path):
     data = build_task("ar_32", num_kv=16, num_pairs=2).generate(20, "train", 0)
     sampler = StackedBatchSampler(20, [3, 3, 8], batch_size=6)
@@ -191,6 +222,23 @@ def test_plan_groups_runs_that_differ_in_learning_rate_and_seed_only(tmp_path):
     (tmp_path / s.runs[3].name / "checkpoint-3").mkdir(parents=True)
     assert plan_jobs(s.runs, tmp_path, stack=4)[0] == s.runs[3]
     assert plan_jobs(s.runs, tmp_path, stack=1) == [s.runs[3]] + s.runs[:3] + s.runs[4:]
+
+
+def test_a_sweep_trains_transformers_own_models_one_by_one(tmp_path):
+    s = sweep(architecture=["hf:gpt2", "based"], learning_rate=[1e-3, 3e-3])
+    native = [r for r in s.runs if r.args["architecture"] == "hf:gpt2"]
+    jobs = plan_jobs(s.runs, tmp_path / "st" / "runs", stack=4)
+    stacks = [j for j in jobs if isinstance(j, Stack)]
+    assert [[r.args["architecture"] for r in j.runs] for j in stacks] == [["based", "based"]]
+    assert [j for j in jobs if not isinstance(j, Stack)] == native             # each alone, in the file's order
+    # trained: each hf: run is a run of its own (no stack record), and the sweep finishes
+    s = sweep(architecture=["hf:gpt2"], learning_rate=[1e-3, 3e-3])
+    outcome = launch(s, tmp_path, progress=False, stack=2)
+    assert sorted(outcome["finished"]) == sorted(r.name for r in s.runs) and not outcome["failed"]
+    for r in s.runs:
+        record = json.loads((tmp_path / "st" / "runs" / r.name / "run.json").read_text())
+        assert record["model"]["architecture"] == "hf:gpt2" and "stack" not in record
+    assert not (tmp_path / "st" / "stacks").exists() or not any((tmp_path / "st" / "stacks").iterdir())
 
 
 def test_stacked_sweep_trains_resumes_and_skips(tmp_path):

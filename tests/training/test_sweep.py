@@ -7,7 +7,8 @@ import pytest
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
-from hf_mecheval.training.run import parse, train
+from hf_mecheval.training.command_line import parse
+from hf_mecheval.training.run import train
 from hf_mecheval.training.sweep import Sweep, launch, results_table, write_results
 
 from test_training import StopAt
@@ -40,12 +41,12 @@ def test_expansion_names_and_errors():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"grids": [{"hidden_size": ["abc"]}]}, "invalid int value: 'abc'"),
+    ({"grids": [{"hidden_size": ["abc"]}]}, "hidden_size: expected an integer, got 'abc'"),
     ({"grids": [{"hidden_size": [-4]}]}, "hidden_size: must be >= 1"),
     ({"grids": [{"architecture": ["h3"], "model_config": [{"conv_kernel": 0}]}]}, "unknown field 'conv_kernel' for h3"),
     ({"grids": [{"hidden_size": []}]}, "hidden_size: an empty list"),
     ({"seeds": []}, "seeds: an empty list"),
-    ({"seeds": "abc"}, "invalid int value: 'abc'"),
+    ({"seeds": "abc"}, "seed: expected an integer, got 'abc'"),
     ({"defaults": [1, 2]}, "defaults: must be a mapping"),
     ({"name": "../../x"}, "name:"),
     ({"name": "/abs/path"}, "name:"),

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 import hf_mecheval  # noqa: F401
 from hf_mecheval.errors import MechEvalError
-from hf_mecheval.training.run import main, parse, train
+from hf_mecheval.training.command_line import parse
+from hf_mecheval.training.run import main, train
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_AR = ["--task", "ar_32", "--task_config", '{"num_kv": 16, "num_pairs": 2}', "--architecture", "transformer",

@@ -1,5 +1,9 @@
-"""The run directory: what a run writes into it, when it may be replaced, which checkpoint a
-resumed run continues from, and whether a run there is the run asked for.
+"""The run directory: what a run writes into it (``RunDir``), when it may be replaced, which
+checkpoint a resumed run continues from, and whether a run there is the run asked for.
+
+* ``RunDir`` owns a run's own files: training starts it (command.txt, run.json) and finishes it
+  (metrics.json, written last, so its presence marks a finished run), and every report, the model
+  card, the evaluation and ``mecheval push`` read a run through it.
 
 * Only a folder that is recognisably a run (``command.txt`` or ``run.json`` in it, and nothing a
   run does not write) is ever replaced, and never the current folder or one of its parents.
@@ -20,7 +24,8 @@ import shutil
 from pathlib import Path
 
 from ..errors import MechEvalError
-from ..io_utils import is_temporary
+from ..io_utils import is_temporary, read_json, write_text_atomic
+from .files import INTERVENTIONS, METRICS, RUN_RECORD
 
 # every name a run (or a stacked run's directory) writes; checkpoints and temporaries by pattern
 RUN_FILES = {"command.txt", "run.json", "config.json", "generation_config.json", "model.safetensors",
@@ -172,8 +177,6 @@ def differences(recorded: dict, requested: dict) -> list[str]:
 def check_same_run(run_dir: str | os.PathLike, requested: dict, what: str) -> None:
     """Refuse to use (``what``: resume, reuse ...) the run in ``run_dir`` unless its run.json has
     the fingerprint of ``requested``; the error names the fields that differ."""
-    from ..io_utils import read_json
-
     path = Path(run_dir) / "run.json"
     if not path.is_file():
         raise MechEvalError(f"cannot {what} {run_dir}: it has no run.json, so it is not a run this command made")
@@ -182,3 +185,84 @@ def check_same_run(run_dir: str | os.PathLike, requested: dict, what: str) -> No
         more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
         raise MechEvalError(f"cannot {what} {run_dir}: it was trained with other arguments — {'; '.join(diff[:3])}"
                             f"{more}; use another output folder, or remove that run")
+
+
+# ---------------------------------------------------------------------------------- a run's files
+class RunDir:
+    """One run directory and the files of the run in it (the model's own files are written by
+    ``save_pretrained``). Reading checks each file's shape (``files.py``), so a damaged or foreign
+    file is one clear error naming it."""
+
+    COMMAND = "command.txt"        # the exact command, to be typed again
+    RECORD = "run.json"            # every resolved argument, the task and the model configuration
+    METRICS = "metrics.json"       # final metrics and history; written last: a finished run has it
+    CARD = "README.md"             # the model card (``model_card.py``)
+    INTERVENTIONS = Path("interventions") / "interventions.json"    # from `mecheval evaluate`
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # -- state
+    @property
+    def finished(self) -> bool:
+        return (self.path / self.METRICS).is_file()
+
+    @property
+    def evaluated(self) -> bool:
+        return self.interventions_path.is_file()
+
+    def require(self, *names: str) -> None:
+        """Refuse a run that lacks any of ``names`` (default: run.json and metrics.json, the files
+        of a finished run), naming what is missing."""
+        names = names or (self.RECORD, self.METRICS)
+        missing = [name for name in names if not (self.path / name).is_file()]
+        if missing:
+            verb = "is" if len(missing) == 1 else "are"
+            raise MechEvalError(f"{self.path} is not a finished run: {', '.join(missing)} {verb} missing")
+
+    # -- reading
+    def record(self) -> dict:
+        """run.json, with the types the reports rely on."""
+        return read_json(self.path / self.RECORD, RUN_RECORD)
+
+    def metrics(self) -> dict:
+        """metrics.json as a whole (``final`` and the optional ``history``)."""
+        return read_json(self.path / self.METRICS, METRICS)
+
+    def finished_run(self) -> tuple[dict, dict]:
+        """(run.json, metrics.json) of a finished run; refused with the missing file named otherwise."""
+        self.require()
+        return self.record(), self.metrics()
+
+    @property
+    def interventions_path(self) -> Path:
+        return self.path / self.INTERVENTIONS
+
+    def interventions(self) -> dict | None:
+        """interventions.json, or None before `mecheval evaluate` ran."""
+        return read_json(self.interventions_path, INTERVENTIONS) if self.evaluated else None
+
+    # -- writing (atomically: a reader never sees half a file)
+    def start(self, command: str, record: dict) -> None:
+        """A fresh run: empty the folder (only if it is a run, ``clear_run_dir``), then write the
+        command and the resolved arguments."""
+        clear_run_dir(self.path)
+        write_text_atomic(self.path / self.COMMAND, command + "\n")
+        write_text_atomic(self.path / self.RECORD, json.dumps(record, indent=2, default=str) + "\n")
+
+    def finish(self, metrics: dict) -> None:
+        """metrics.json: the run is finished (its model card is written from it: ``model_card.py``)."""
+        write_text_atomic(self.path / self.METRICS, json.dumps(metrics, indent=2) + "\n", overwrite=True)

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 from ..adapters.native_config import is_native
-from .run_files import interventions_path, read_finished_run, read_interventions, require_files
+from .files import format_score, last_layer_summary
+from .run_dir import RunDir
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # what `mecheval push` uploads: the model with its code, generation config and tokenizer; the card; the run's records
@@ -21,12 +22,12 @@ HUB_FILES = ["config.json", "generation_config.json", "model.safetensors", "*.py
              "interventions/*"]
 
 
-def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
+def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -> Path:
     """Write (or refresh) ``RUN_DIR/README.md``; returns its path."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-    run_dir = Path(run_dir)
-    record, metrics = read_finished_run(run_dir)
+    run = RunDir(run_dir)
+    record, metrics = run.finished_run()
     final = metrics["final"]
     model, task = record["model"], record["task"]
     dataset = "mecheval/ar" if task["preset"].startswith("ar") else "mecheval/atr"
@@ -38,11 +39,8 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
                           dataset_split="validation", metric_name="validation accuracy", **common)]
     mechanism = "Not evaluated yet: run `mecheval evaluate` on the run directory."
     extra = {}
-    interventions = interventions_path(run_dir)
-    if interventions.exists():
-        from .run_files import format_score, last_layer_summary
-
-        result = read_interventions(interventions)
+    result = run.interventions()
+    if result is not None:
         row = last_layer_summary(result)
         for p in ("key", "value", "query"):
             if row[f"@{p}"] is not None:
@@ -53,7 +51,7 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
         mechanism = (f"Key corrupted, residual stream patched at the input of the last layer: restoration "
                      f"@key {format_score(row['@key'])}, @value {format_score(row['@value'])}, @query {format_score(row['@query'])}. Label: "
                      f"**{row['mechanism']}** ({row['confidence']} confidence) — {result['mechanism']['reason']}.")
-    name = repo_id or run_dir.name
+    name = repo_id or run.name
     native = is_native(model.get("architecture") or "")     # transformers' own model: no remote code
     data = ModelCardData(library_name="transformers", license="apache-2.0", model_name=name,
                          tags=["hf-mecheval", "mechanistic-interpretability", *([] if native else ["custom_code"]),
@@ -68,9 +66,9 @@ def write_model_card(run_dir: str | Path, repo_id: str | None = None) -> Path:
         task_config=json.dumps(task["config"]), train_size=task.get("train_size"), dataset_seed=task.get("dataset_seed"),
         learning_rate=record["training"].get("learning_rate"), epochs=final.get("epochs"),
         seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
-        test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or str(run_dir),
+        test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or str(run),
         native=native, **_example(task))
-    path = run_dir / "README.md"
+    path = run.path / RunDir.CARD
     card.save(path)
     return path
 
@@ -93,9 +91,10 @@ def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
     from ..hub import check_repo_id, create_repo, upload_folder
 
     check_repo_id(repo_id)
-    require_files(run_dir, ("config.json", "model.safetensors", "run.json", "metrics.json"))
+    run = RunDir(run_dir)
+    run.require("config.json", "model.safetensors", RunDir.RECORD, RunDir.METRICS)
     complete_for_hub(run_dir)
-    write_model_card(run_dir, repo_id)
+    write_model_card(run, repo_id)
     api = create_repo(repo_id, private=private, what=f"push {run_dir} to {repo_id}")
     upload_folder(api, run_dir, repo_id, allow_patterns=HUB_FILES)
     return f"https://huggingface.co/{repo_id}"
@@ -113,18 +112,18 @@ def complete_for_hub(run_dir: str | Path) -> None:
     from ..tasks.tokenizer import build_tokenizer
 
     run_dir = Path(run_dir)
+    record, _ = RunDir(run_dir).finished_run()
     require_checkpoint_architecture(run_dir)
     config = AutoConfig.from_pretrained(run_dir)
     # transformers' own models (hf:...) need no code beside the weights, a plug-in's model needs
     # its package rather than remote code: only built-in architectures carry theirs
-    native = is_native(read_finished_run(run_dir)[0]["model"].get("architecture") or "")
+    native = is_native(record["model"].get("architecture") or "")
     if not native and spec_for_config(type(config)).builtin:
         if getattr(config, "auto_map", None) != auto_map(type(config)):
             config.auto_map = auto_map(type(config))
             config.save_pretrained(run_dir)
         save_remote_code(run_dir)
     if not (run_dir / "tokenizer.json").exists():
-        record, _ = read_finished_run(run_dir)
         task = task_from_dict(get_preset(record["task"]["preset"]).task, record["task"]["config"])
         build_tokenizer(task).save_pretrained(run_dir)
 

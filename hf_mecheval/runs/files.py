@@ -1,5 +1,5 @@
-"""The JSON files of a run directory and of a results folder, read with the shape the reports
-rely on, so a damaged or foreign file is one clear error naming it (``io_utils.read_json``).
+"""The shapes of a run directory's JSON files and of a results folder's, so a damaged or foreign
+file is one clear error naming it (``io_utils.read_json``; ``RunDir`` reads a run's files with them).
 
 Only the keys something reads without a default are required; everything else is optional. The
 summary of a run's intervention grid that tables, cards and the command line show is here too
@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import MechEvalError
 from ..io_utils import NUMBER, OPTIONAL_NUMBER, maybe, read_json
 
-# run.json, written by `mecheval train` (training.run.run_record); what the reports tabulate and
+# run.json, written by `mecheval train` (training.trainer.run_record); what the reports tabulate and
 # plot must have its type, or one run of another type would break a table or a figure
 RUN_RECORD = {"model": {"architecture": maybe(str), "hidden_size": int, "num_hidden_layers": int,
                         "conv_kernel": maybe((int, str)), "short_conv_kernel": maybe((int, str))},
@@ -32,33 +31,6 @@ RESTORATION_HISTORY = [{"step": int}]
 # results/<sweep>/runs.json: the rows of `mecheval report` (report.collect_runs)
 RESULT_ROWS = [{"label": str, "architecture": (str, type(None)), "task": str, "hidden_size": int, "layers": int,
                 "conv_kernel": object, "validation_accuracy": NUMBER, "test_accuracy": NUMBER}]
-
-
-def require_files(run_dir: str | Path, names=("run.json", "metrics.json")) -> None:
-    """A run directory is finished once `mecheval train` wrote these files (metrics.json last)."""
-    missing = [name for name in names if not (Path(run_dir) / name).is_file()]
-    if missing:
-        verb = "is" if len(missing) == 1 else "are"
-        raise MechEvalError(f"{run_dir} is not a finished run: {', '.join(missing)} {verb} missing")
-
-
-def read_finished_run(run_dir: str | Path) -> tuple[dict, dict]:
-    """(run.json, metrics.json) of a finished run directory."""
-    require_files(run_dir)
-    return read_record(run_dir), read_metrics(run_dir)
-
-
-def read_record(run_dir: str | Path) -> dict:
-    return read_json(Path(run_dir) / "run.json", RUN_RECORD)
-
-
-def read_metrics(run_dir: str | Path) -> dict:
-    """metrics.json as a whole (``final`` and the optional ``history``)."""
-    return read_json(Path(run_dir) / "metrics.json", METRICS)
-
-
-def interventions_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "interventions" / "interventions.json"
 
 
 def read_interventions(path: str | Path) -> dict:

@@ -1,0 +1,178 @@
+"""What a run trained alone (``run.py``) and a stacked run (``stacked.py``) share: the Trainer
+with our training order, the task's splits and the model built from the arguments, the run.json
+record, and the end of a run (final metrics, the model, metrics.json, the card).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import pickle
+import shutil
+import sys
+from pathlib import Path
+
+from transformers import Trainer, set_seed
+
+from ..adapters.native_config import build_native_model, is_native
+from ..errors import MechEvalError
+from ..models import build_model
+from ..runs import RunDir
+from ..runs.model_card import write_model_card
+from ..tasks.presets import get_preset
+from .arguments import DataArguments, ModelArguments, RunArguments, resolved_sizes
+from .data import EpochShuffleSampler, PaddedTaskDataset
+from .evaluation import decoded_example
+
+
+class MechEvalTrainer(Trainer):
+    """transformers' Trainer with the training order of ``data.epoch_order`` (no global RNG)."""
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return EpochShuffleSampler(len(dataset), data_seed(self.args))
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        # transformers' own models return their cache beside the logits (ours return none):
+        # left in, it would be taken for a second array of predictions
+        if ignore_keys is None:
+            own = getattr(getattr(model, "config", None), "keys_to_ignore_at_inference", None) or []
+            ignore_keys = [*own, "cache", "past_key_values", "cache_params"]
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+
+    def _save_checkpoint(self, model, trial):
+        with saving(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"):
+            super()._save_checkpoint(model, trial)
+
+
+@contextlib.contextmanager
+def saving(path: Path):
+    """Writing ``path`` (a checkpoint, the final model): a failure — typically a full disk, which
+    torch.save reports only as a position mismatch — is one clear error, not a traceback. What
+    was cut short is never resumed from (``run_dir.resume_checkpoint``)."""
+    try:
+        yield
+    except (OSError, RuntimeError, ValueError) as exc:
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            free = None
+        text = str(exc)
+        if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in text \
+                or "No space left" in text:
+            reason = "no space left on the device"
+        elif free is not None and free < 16 * 2**20:
+            reason = f"no space left on the device ({free / 2**20:.1f} MiB free)"
+        else:
+            reason = f"{type(exc).__name__}: {(text.splitlines() or [''])[0]}"
+        raise MechEvalError(f"cannot write {path}: {reason}; free some space, then continue the run with "
+                            "--resume") from None
+
+
+def data_seed(training_args) -> int:
+    return training_args.data_seed if training_args.data_seed is not None else training_args.seed
+
+
+def resolve_sizes(data_args: DataArguments, run_args: RunArguments, training_args) -> tuple[int, int]:
+    """The run's training and evaluation sizes (``arguments.resolved_sizes``); the number of
+    epochs is set on ``training_args`` when not given."""
+    train_size, eval_size, training_args.num_train_epochs = resolved_sizes(data_args, run_args, training_args)
+    return train_size, eval_size
+
+
+def load_task_splits(task, data_args: DataArguments, run_args: RunArguments, training_args, main_process: bool):
+    """The task's train / validation / test datasets (and the recipe's sizes and epochs); ``task``
+    as ``validate`` built it."""
+    preset = get_preset(data_args.task)
+    train_size, eval_size = resolve_sizes(data_args, run_args, training_args)
+    if run_args.recipe == "quick" and main_process:
+        print(f"recipe quick: {train_size} training documents, {eval_size} validation/test documents, "
+              f"{training_args.num_train_epochs:g} epochs (the reference: {preset.train_size}, {preset.eval_size}, "
+              f"{16 if preset.task == 'ar' else 32})", file=sys.stderr)
+    data = {split: task.generate(n, split, data_args.dataset_seed)
+            for split, n in (("train", train_size), ("validation", eval_size), ("test", eval_size))}
+    return data, train_size, eval_size
+
+
+def build_run_model(model_args: ModelArguments, task, seed: int, longest: int):
+    set_seed(seed)  # model initialisation (transformers' convention)
+    if is_native(model_args.architecture):      # transformers' own causal LM, as it is
+        model = build_native_model(model_args.build_config(task.vocab_size))
+    else:
+        model = build_model(model_args.architecture, vocab_size=task.vocab_size, **model_args.config_fields())
+    if 0 < (getattr(model.config, "max_position_embeddings", 0) or 0) < longest:
+        raise MechEvalError(f"documents are up to {longest} tokens but the model has "
+                            f"{model.config.max_position_embeddings} position embeddings")
+    return model
+
+
+def run_record(config, model_args, data_args, run_args, training_args, task, train_size, eval_size) -> dict:
+    """What run.json holds: every resolved argument, the task and the model configuration
+    (``config``: the model's, or the one it would be built from: they are equal)."""
+    sizes = {}
+    if is_native(model_args.architecture):   # under the common names too (GPT-2 calls them n_embd, n_layer)
+        sizes = {"hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers}
+    return {"model": {"architecture": model_args.architecture, **sizes, **config.to_diff_dict()},
+            "task": {"preset": data_args.task, "config": task.config.to_dict(), "train_size": train_size,
+                     "eval_size": eval_size, "dataset_seed": data_args.dataset_seed},
+            "recipe": run_args.recipe,
+            "training": json.loads(training_args.to_json_string())}
+
+
+def requested_record(model_args, data_args, run_args, training_args, task) -> dict:
+    """The run.json that these (validated) arguments would write, without building data or model:
+    what a finished or interrupted run must match to be reused or resumed (``run_dir.fingerprint``)."""
+    train_size, eval_size = resolve_sizes(data_args, run_args, training_args)
+    config = model_args.build_config(task.vocab_size)
+    return json.loads(json.dumps(run_record(config, model_args, data_args, run_args, training_args, task,
+                                            train_size, eval_size), default=str))
+
+
+def padded_splits(data: dict, run_args: RunArguments) -> dict:
+    """The Trainer's datasets: train / validation / test, and ``test_head`` (the first
+    ``test_head_size`` test documents) when that is a proper part of the test split."""
+    splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
+    if 0 < run_args.test_head_size < len(data["test"]):
+        splits["test_head"] = PaddedTaskDataset(data["test"].head(run_args.test_head_size))
+    return splits
+
+
+def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None = None) -> dict:
+    """Final validation and test metrics, then the model, trainer state, metrics.json (last) and card."""
+    validation = trainer.evaluate(splits["validation"], metric_key_prefix="eval")   # always at the final step
+    test = trainer.evaluate(splits["test"], metric_key_prefix="test")
+    final = {
+        "validation_accuracy": validation["eval_accuracy"], "validation_answer_prob": validation["eval_answer_prob"],
+        "validation_loss": validation["eval_loss"], "test_accuracy": test["test_accuracy"],
+        "test_answer_prob": test["test_answer_prob"], "test_loss": test["test_loss"],
+        "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
+        "world_size": trainer.args.world_size, **(extra or {}),
+    }
+    if "test_head" in splits:
+        head = trainer.evaluate(splits["test_head"], metric_key_prefix="test_head")
+        final.update(test_head_size=len(splits["test_head"]), test_head_accuracy=head["test_head_accuracy"])
+    if trainer.is_world_process_zero():
+        test = splits["test"]
+        print(f"{run_dir.name}, test document 0: "
+              f"{decoded_example(trainer.model, trainer.processing_class, test.input_ids[0], test.labels[0])}",
+              file=sys.stderr)
+        with saving(run_dir / "model.safetensors"):
+            trainer.save_model(str(run_dir))        # with the tokenizer (the Trainer's processing_class)
+            trainer.save_state()
+        history = [{k: v for k, v in entry.items()} for entry in trainer.state.log_history]
+        RunDir(run_dir).finish({"final": final, "history": history})
+        write_model_card(run_dir)
+    return final
+
+
+
+
+def run_trainer(trainer: Trainer, checkpoint: str | None) -> None:
+    """trainer.train(), with damaged checkpoints reported as such."""
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    except (OSError, RuntimeError, ValueError, json.JSONDecodeError, pickle.UnpicklingError, EOFError) as exc:
+        if checkpoint is None:
+            raise
+        raise MechEvalError(f"cannot resume from {checkpoint}: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
