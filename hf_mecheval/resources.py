@@ -24,12 +24,9 @@ def memory_limit() -> int | None:
     except (ValueError, OSError, AttributeError):
         pass
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limits.append(int(text))
+        cap = _read_int(path)            # "max" (no limit) reads as None
+        if cap is not None:
+            limits.append(cap)
     return min(limits) if limits else None
 
 
