@@ -27,8 +27,9 @@ def load_run(run_dir: str | Path):
         raise MechEvalError(f"run directory {run_dir} does not exist")
     if not run_dir.is_dir():
         raise MechEvalError(f"{run_dir} is not a run directory (give the folder `mecheval train` wrote)")
-    RunDir(run_dir).require("config.json", RunDir.RECORD, RunDir.METRICS)
-    record, _ = RunDir(run_dir).finished_run()      # the model card written at the end needs metrics.json
+    run = RunDir(run_dir)
+    run.require("config.json", RunDir.RECORD, RunDir.METRICS)
+    record, _ = run.record(), run.metrics()      # both read now: the model card written at the end needs them
     try:
         task = task_from_dict(get_preset(record["task"]["preset"]).task, record["task"]["config"])
     except (MechEvalError, TypeError, ValueError) as exc:
