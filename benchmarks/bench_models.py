@@ -48,8 +48,9 @@ def peers(d: int) -> dict:
     return out
 
 
-def batches(n: int):
-    data = build_task("ar_32").generate(BATCH * n, "train", seed=0)
+def batches(n: int, task=None):
+    """n training batches (input ids, answer-only labels) of ``task`` (default: the reference ar_32)."""
+    data = (task or build_task("ar_32")).generate(BATCH * n, "train", seed=0)
     ids = torch.from_numpy(data.padded()).long()
     labels = torch.full_like(ids, -100)
     rows = torch.arange(len(ids))

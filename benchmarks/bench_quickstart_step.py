@@ -34,6 +34,8 @@ from hf_mecheval.models import model_classes
 from hf_mecheval.reports.quickstart import MODELS, SETTING
 from hf_mecheval.tasks import build_task
 
+from bench_models import batches      # run from benchmarks/ (as python benchmarks/bench_quickstart_step.py)
+
 
 def load_models_package(folder: str, name: str = "baseline_models"):
     """Import the ``models`` package in ``folder`` under another name (its own registry and classes)."""
@@ -45,15 +47,10 @@ def load_models_package(folder: str, name: str = "baseline_models"):
     return module
 
 
-def batches(n: int, batch: int = 32):
+def quickstart_batches(n: int):
+    """(vocabulary size, n batches of 32) of the quickstart's task (``bench_models.batches``)."""
     task = build_task(SETTING["task"], **SETTING["task_config"])
-    data = task.generate(batch * n, "train", seed=0)
-    ids = torch.from_numpy(data.padded()).long()
-    labels = torch.full_like(ids, -100)
-    rows = torch.arange(len(ids))
-    pos = torch.from_numpy(data.columns["answer_pos"]).long()
-    labels[rows, pos] = ids[rows, pos]
-    return task.vocab_size, [(ids[i * batch:(i + 1) * batch], labels[i * batch:(i + 1) * batch]) for i in range(n)]
+    return task.vocab_size, batches(n, task)
 
 
 def config_fields(name: str) -> tuple[str, dict]:
@@ -95,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    vocab, data = batches(args.steps + 10)
+    vocab, data = quickstart_batches(args.steps + 10)
     baseline = None
     if args.baseline:
         base = load_models_package(args.baseline)
