@@ -5,9 +5,8 @@ from torch.nn import functional as F
 
 from hf_mecheval.models.configuration_mecheval import DeltaNetConfig
 from hf_mecheval.models.sites import rerun_from_patched_states
-from hf_mecheval.models.mixer_delta_net import (
-    DeltaNetMixer, _l2norm, delta_rule_chunked, delta_rule_recurrent, delta_rule_transition,
-)
+from hf_mecheval.models.mixer_delta_net import DeltaNetMixer, _l2norm
+from hf_mecheval.models.ops_delta_rule import delta_rule_chunked, delta_rule_recurrent, delta_rule_transition
 
 
 def _inputs(B=2, H=2, L=11, dk=4, dv=3, seed=0):

@@ -3,8 +3,8 @@ readable reference."""
 import torch
 
 from hf_mecheval.models import build_model
-from hf_mecheval.models.mixer_mamba import (LinearScan, ScanWorkspace, selective_scan, selective_scan_at,
-                                             selective_scan_reference)
+from hf_mecheval.models.ops_selective_scan import (LinearScan, ScanWorkspace, selective_scan, selective_scan_at,
+                                                   selective_scan_reference)
 
 
 def inputs(seed=0, B=3, L=9, E=5, N=4):
