@@ -76,6 +76,12 @@ def test_same_seed_same_losses(tmp_path):
     assert len(a) == 8 and a == b
     assert main(run_args(tmp_path / "c", *SHORT, "--seed", "1")) == 0
     assert losses(tmp_path / "c") != a
+    # trainer_state's total_flos: 6 x tokens x non-embedding parameters per step, as transformers
+    # counts it (the parameter count is taken once per run, not at every step)
+    state = json.loads((tmp_path / "a" / "trainer_state.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    tokens = 32 * 9      # a batch: 32 documents of 9 tokens (2 pairs)
+    assert state["total_flos"] == 40 * 6 * tokens * model.num_parameters(exclude_embeddings=True)
 
 
 class StopAt(TrainerCallback):
