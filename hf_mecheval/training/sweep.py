@@ -276,18 +276,18 @@ def _restart_flags(checkpoint_dir: Path, *touched: Path) -> list[str]:
     return ["--overwrite"] if any(d.exists() for d in (checkpoint_dir, *touched)) else []
 
 
-def _command(run: Run, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "hf_mecheval.training.run", *run.flags(), "--output_dir", str(run_dir),
-            "--disable_tqdm", "true", *_restart_flags(run_dir)]
+def _training_flags(run: Run, run_dir: Path) -> list[str]:
+    """``python -m hf_mecheval.training.run``'s flags for ``run``."""
+    return [*run.flags(), "--output_dir", str(run_dir), "--disable_tqdm", "true", *_restart_flags(run_dir)]
 
 
-def _stack_command(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
+def _stack_flags(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
+    """``python -m hf_mecheval.training.run``'s flags for ``stack`` (its spec file, written here)."""
     spec = {"output_dir": str(stack_dir),
             "runs": [{"name": r.name, "output_dir": str(runs_dir / r.name), "args": r.args} for r in stack.runs]}
     spec_path = stack_dir.parent / f"{stack.name}.json"
     write_text_atomic(spec_path, json.dumps(spec, indent=2, default=str) + "\n", overwrite=True)
-    return [sys.executable, "-m", "hf_mecheval.training.run", "--stack", str(spec_path),
-            *_restart_flags(stack_dir, *(runs_dir / r.name for r in stack.runs))]
+    return ["--stack", str(spec_path), *_restart_flags(stack_dir, *(runs_dir / r.name for r in stack.runs))]
 
 
 def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = None,
@@ -314,17 +314,19 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
         return {"name": job.name, "runs": job.run_names(), "returncode": 2,
                 "log": f"{busy} is in use by another process; its log was left alone"}
     trained = all(RunDir(runs_dir / name).finished for name in job.run_names())   # only its grid is missing
+    train = None if trained else _stack_flags(job, runs_dir, folders[0]) if isinstance(job, Stack) \
+        else _training_flags(job, folders[0])
+    if evaluate is None:
+        cmd = [] if train is None else [sys.executable, "-m", "hf_mecheval.training.run", *train]
+    else:
+        # one process trains, then runs the grid (hf_mecheval/sweep_job.py): a second process
+        # would import torch and transformers again, ~8 s on a 2-core machine
+        cmd = [sys.executable, "-m", "hf_mecheval.sweep_job", *(["--train", *train] if train else []),
+               "--evaluate", *(str(runs_dir / name) for name in job.run_names()), "--", *evaluate]
+        env["TQDM_DISABLE"] = "1"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:
-        returncode = 0
-        if not trained:
-            cmd = _stack_command(job, runs_dir, folders[0]) if isinstance(job, Stack) else _command(job, folders[0])
-            returncode = _logged_child(cmd, handle, env)
-        for name in job.run_names() if evaluate is not None else []:
-            run_dir = runs_dir / name
-            if RunDir(run_dir).finished and not RunDir(run_dir).evaluated:
-                grid = [sys.executable, "-m", "hf_mecheval.cli", "evaluate", str(run_dir), *evaluate]
-                returncode = returncode or _logged_child(grid, handle, {**env, "TQDM_DISABLE": "1"})
+        returncode = _logged_child(cmd, handle, env) if cmd else 0
     return {"name": job.name, "runs": job.run_names(), "returncode": returncode, "log": str(log)}
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
+from hf_mecheval.sweep_job import main as sweep_job_main, split_arguments
 from hf_mecheval.training.command_line import parse
 from hf_mecheval.training.run import train
 from hf_mecheval.training.sweep import Sweep, launch, results_table, write_results
@@ -109,8 +110,31 @@ def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
     outcome = launch(sweep, tmp_path, progress=False, evaluate=["-n", "8", "--resamples", "10"], workers=1)
     assert len(outcome["finished"]) == 2 and not outcome["failed"]
     for run in sweep.runs:
-        result = json.loads((tmp_path / "tiny" / "runs" / run.name / "interventions" / "interventions.json").read_text())
+        run_dir = tmp_path / "tiny" / "runs" / run.name
+        result = json.loads((run_dir / "interventions" / "interventions.json").read_text())
         assert result["examples"] == 8 and result["mechanism"]["label"]
+        # training and the grid in one process (hf_mecheval/sweep_job.py), which says what it ran
+        log = (tmp_path / "tiny" / "runs" / f"{run.name}.log").read_text()
+        assert log.count("\n=== ") + log.startswith("=== ") == 2, log[:2000]
+        assert "-m hf_mecheval.sweep_job --train" in log and f"=== mecheval evaluate {run_dir} -n 8" in log
+        # command.txt names the training command, which trains the same run again
+        assert (run_dir / "command.txt").read_text().startswith("python -m hf_mecheval.training.run ")
+        # the grid does not depend on what training left in the process: a separate
+        # `mecheval evaluate` writes the same results
+        assert mecheval(["evaluate", str(run_dir), "-n", "8", "--resamples", "10", "--out",
+                         str(tmp_path / run.name)]) == 0
+        alone = json.loads((tmp_path / run.name / "interventions.json").read_text())
+        assert {k: v for k, v in alone.items() if k != "run"} == {k: v for k, v in result.items() if k != "run"}
+
+
+def test_sweep_job_arguments():
+    assert split_arguments(["--train", "--task", "ar_32", "--evaluate", "a", "b", "--", "-n", "8"]) == \
+        (["--task", "ar_32"], ["a", "b"], ["-n", "8"])
+    assert split_arguments(["--evaluate", "a", "--", "-n", "8"]) == (None, ["a"], ["-n", "8"])
+    assert split_arguments(["--train", "--stack", "s.json"]) == (["--stack", "s.json"], [], [])
+    with pytest.raises(ValueError, match="unexpected '--task'"):
+        split_arguments(["--task", "ar_32", "--evaluate", "a"])
+    assert sweep_job_main(["--oops"]) == 2
 
 
 def test_sweep_command(tmp_path, capsys):
