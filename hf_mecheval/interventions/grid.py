@@ -93,7 +93,8 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
         acc = {k: [] for k in ("p_clean", "p_corrupt", "pred_clean", "pred_corrupt")}
         patched = {(s, p): [] for s in sites for p in positions}
         starts = range(0, len(data), batch_size)
-        for start in tqdm(starts, desc=f"interventions ({which} corrupted)", disable=not progress):
+        # disable=None: no bar where the output is not a terminal (a sweep's log)
+        for start in tqdm(starts, desc=f"interventions ({which} corrupted)", disable=None if progress else True):
             out = run_batch(which, slice(start, start + batch_size))
             for k in acc:
                 acc[k].append(out[k].cpu().numpy())

@@ -323,7 +323,6 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
         # would import torch and transformers again, ~8 s on a 2-core machine
         cmd = [sys.executable, "-m", "hf_mecheval.sweep_job", *(["--train", *train] if train else []),
                "--evaluate", *(str(runs_dir / name) for name in job.run_names()), "--", *evaluate]
-        env["TQDM_DISABLE"] = "1"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:
         returncode = _logged_child(cmd, handle, env) if cmd else 0

@@ -117,6 +117,7 @@ def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
         log = (tmp_path / "tiny" / "runs" / f"{run.name}.log").read_text()
         assert log.count("\n=== ") + log.startswith("=== ") == 2, log[:2000]
         assert "-m hf_mecheval.sweep_job --train" in log and f"=== mecheval evaluate {run_dir} -n 8" in log
+        assert "interventions (key corrupted)" not in log      # no progress bars in a log file
         # command.txt names the training command, which trains the same run again
         assert (run_dir / "command.txt").read_text().startswith("python -m hf_mecheval.training.run ")
         # the grid does not depend on what training left in the process: a separate
