@@ -145,7 +145,9 @@ def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_si
         plots.restoration_curves(history, out / "restoration_history.png",
                                  f"{name}: restoration at the last layer's input over training")
     write_text_atomic(target, json.dumps(result, indent=1) + "\n", overwrite=True)
-    write_model_card(run_dir)          # the card now carries the restoration scores and the label
+    if Path(out).resolve() == RunDir(run_dir).interventions_path.parent.resolve():
+        write_model_card(run_dir)      # the card now carries the restoration scores and the label
+    # a grid written elsewhere (--out) leaves the run directory as it was
     return result
 
 

@@ -29,7 +29,7 @@ def test_restoration_history_is_logged(run_dir):
     assert [e["step"] for e in logged] == [10, 20]
 
 
-def test_evaluate_writes_json_and_plots(run_dir, capsys):
+def test_evaluate_writes_json_and_plots(run_dir, capsys, monkeypatch):
     assert mecheval(["evaluate", str(run_dir), "-n", "48", "--resamples", "50"]) == 0
     out = capsys.readouterr().out
     assert "@value" in out and "->" in out
@@ -46,6 +46,18 @@ def test_evaluate_writes_json_and_plots(run_dir, capsys):
     # never overwritten without being asked
     assert mecheval(["evaluate", str(run_dir), "-n", "8"]) == 2
     assert "already exists" in capsys.readouterr().err
+    # the model card carries the label of the run's own grid ...
+    card = (run_dir / "README.md").read_text()
+    assert result["mechanism"]["label"] in card
+    # ... and a grid written elsewhere (here on training documents) leaves the run directory alone
+    # (named by a relative path: a card written again would name the run by that path)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    other = run_dir.parent / "train_grid"
+    monkeypatch.chdir(run_dir.parent)
+    assert mecheval(["evaluate", run_dir.name, "-n", "16", "--resamples", "20", "--split", "train",
+                     "--out", str(other)]) == 0
+    assert (other / "interventions.json").exists()
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("make, message", [
