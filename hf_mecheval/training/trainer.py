@@ -140,11 +140,13 @@ def requested_record(model_args, data_args, run_args, training_args, task) -> di
 
 
 def padded_splits(data: dict, run_args: RunArguments) -> dict:
-    """The Trainer's datasets: train / validation / test, and ``test_head`` (the first
-    ``test_head_size`` test documents) when that is a proper part of the test split."""
+    """The Trainer's datasets: train / validation / test, ``test_head`` (the first
+    ``test_head_size`` test documents) when that is a proper part of the test split, and
+    ``train_head``: the first training documents, as many as the validation split has."""
     splits = {split: PaddedTaskDataset(d) for split, d in data.items()}
     if 0 < run_args.test_head_size < len(data["test"]):
         splits["test_head"] = PaddedTaskDataset(data["test"].head(run_args.test_head_size))
+    splits["train_head"] = PaddedTaskDataset(data["train"].head(min(len(data["train"]), len(data["validation"]))))
     return splits
 
 
@@ -162,6 +164,10 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
     if "test_head" in splits:
         head = trainer.evaluate(splits["test_head"], metric_key_prefix="test_head")
         final.update(test_head_size=len(splits["test_head"]), test_head_accuracy=head["test_head_accuracy"])
+    # accuracy on documents it trained on: beside the validation accuracy, it tells a model that
+    # memorized its training documents (high here, low there) from one that learned nothing
+    seen = trainer.evaluate(splits["train_head"], metric_key_prefix="train_head")
+    final.update(train_head_size=len(splits["train_head"]), train_head_accuracy=seen["train_head_accuracy"])
     if trainer.is_world_process_zero():
         test = splits["test"]
         print(f"{run_dir.name}, test document 0: "

@@ -311,6 +311,16 @@ def test_test_accuracy_on_the_first_documents(tmp_path):
     predicted = logits[rows, answer_pos - 1].argmax(-1)
     expected = (predicted == batch["input_ids"][rows, answer_pos]).float().mean().item()
     assert final["test_head_accuracy"] == pytest.approx(expected)
+    # and on the documents it trained on: the first 100 (the validation split's size) of the
+    # 640 training documents, computed the same independent way
+    assert final["train_head_size"] == 100
+    seen = build_task("ar_32", num_kv=16, num_pairs=2).generate(640, "train", 0).head(100)
+    batch = PaddedTaskDataset(seen).__getitems__(list(range(100)))
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"]).logits
+    rows, answer_pos = torch.arange(100), torch.from_numpy(seen.columns["answer_pos"]).long()
+    expected = (logits[rows, answer_pos - 1].argmax(-1) == batch["input_ids"][rows, answer_pos]).float().mean().item()
+    assert final["train_head_accuracy"] == pytest.approx(expected)
     # no head when it would be the whole split, or when switched off
     assert main(run_args(tmp_path / "off", *SHORT, "--eval_size", "30", "--test_head_size", "30")) == 0
     assert "test_head_accuracy" not in json.loads((tmp_path / "off" / "metrics.json").read_text())["final"]
