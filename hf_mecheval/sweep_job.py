@@ -54,10 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if train is not None:
         returncode = train_main(train, prog="python -m hf_mecheval.training.run")
     for run_dir in run_dirs:
+        if returncode:           # no grid after a failed training or grid
+            break
         if RunDir(run_dir).finished and not RunDir(run_dir).evaluated:
-            sys.stdout.flush()
             print(f"=== mecheval evaluate {run_dir} {' '.join(grid_flags)}", flush=True)
-            returncode = returncode or cli_main(["evaluate", run_dir, *grid_flags])
+            returncode = cli_main(["evaluate", run_dir, *grid_flags])
     return returncode
 
 

@@ -293,11 +293,12 @@ def _stack_flags(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
 def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = None,
             evaluate: Sequence[str] | None = None) -> dict:
     """Run one training process (a run, or a stack of runs) with ``threads`` CPU threads (and only
-    GPU ``device`` visible, when given), then, unless ``evaluate`` is None, the intervention grid
-    (``mecheval evaluate RUN *evaluate``) on each of its finished runs that has none yet, in the
-    same slot; returns {"name", "runs", "returncode", "log"}. Used by both launchers. Each
-    process runs in its own process group and stops when this one dies (``children.run_child``);
-    its output is appended to the log, after a line with the time and the command."""
+    GPU ``device`` visible, when given) which, unless ``evaluate`` is None, then runs the
+    intervention grid (``mecheval evaluate RUN *evaluate``) on each of its finished runs that has
+    none yet (``hf_mecheval/sweep_job.py``); returns {"name", "runs", "returncode", "log"}. Used
+    by both launchers. The process runs in its own process group and stops when this one dies
+    (``children.run_child``); its output is appended to the log, after a line with the time and
+    the command."""
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}

@@ -138,6 +138,14 @@ def test_sweep_job_arguments():
     assert sweep_job_main(["--oops"]) == 2
 
 
+def test_sweep_job_runs_no_grid_after_a_failed_training(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert sweep_job_main(["--train", "--task", "ar_32", "--architecture", "no_such_mixer", "--output_dir",
+                           str(run_dir), "--evaluate", str(run_dir), "--", "-n", "8"]) == 2
+    captured = capsys.readouterr()
+    assert "no_such_mixer" in captured.err and "=== mecheval evaluate" not in captured.out
+
+
 def test_sweep_command(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps({"name": "cli", "task": "ar_32", "defaults": BASE,
