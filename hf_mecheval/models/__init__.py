@@ -51,10 +51,24 @@ def build_model(architecture: str, **config_fields) -> MechEvalForCausalLM:
     return lm_cls(config_cls(**config_fields))
 
 
+_PARAMETER_COUNTS: dict[tuple, int] = {}
+
+
 def count_parameters(config) -> int:
     """Parameters of the model ``config`` describes, counted without allocating any: built on
     the meta device with at most 8 of its layers; further layers count as the mean of those (the
-    layer patterns repeat with period 1 or 2), so a config with 10^6 layers is counted at once."""
+    layer patterns repeat with period 1 or 2), so a config with 10^6 layers is counted at once.
+    Remembered per configuration: a sweep file checks every run's memory when it loads, and its
+    1 000 runs share a few dozen models (building one, even on the meta device, takes ~40 ms)."""
+    key = (type(config), config.to_json_string(use_diff=False))
+    if key not in _PARAMETER_COUNTS:
+        if len(_PARAMETER_COUNTS) >= 4096:
+            _PARAMETER_COUNTS.clear()
+        _PARAMETER_COUNTS[key] = _count_parameters(config)
+    return _PARAMETER_COUNTS[key]
+
+
+def _count_parameters(config) -> int:
     import copy
 
     import torch

@@ -258,3 +258,17 @@ def test_based_state_patch_replaces_the_normaliser_too():
         y, state = mixer.step(broken[:, t], state)
         ys.append(y)
     torch.testing.assert_close(got, torch.stack(ys, dim=1))
+
+
+def test_parameter_count_matches_the_model_and_follows_a_changed_config():
+    from hf_mecheval.models import build_model, count_parameters
+
+    def real(layers):
+        return sum(p.numel() for p in build_model("mamba", vocab_size=40, hidden_size=16,
+                                                   num_hidden_layers=layers).parameters())
+
+    config = build_model("mamba", vocab_size=40, hidden_size=16, num_hidden_layers=2).config
+    assert count_parameters(config) == real(2)
+    # counts are remembered per configuration, by content: the same object changed is counted anew
+    config.num_hidden_layers = 3
+    assert count_parameters(config) == real(3) != real(2)
