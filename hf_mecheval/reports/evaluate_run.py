@@ -108,12 +108,18 @@ def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 32
     check_memory(f"the bootstrap ({n_resamples:,} resamples of {n:,} documents)",
                  {"resamples": 8 * 4 * n_resamples * n})      # index and value arrays per resample
     task.check_size(n)
-    out = Path(out) if out is not None else Path(run_dir) / "interventions"
+    own = RunDir(run_dir).interventions_path.parent     # the run's own grid folder
+    out = Path(out) if out is not None else own
     target = out / "interventions.json"
     if target.exists() and not overwrite:
         raise MechEvalError(f"{target} already exists; pass --overwrite to replace it")
     with locked_folder(run_dir):        # it also writes the run's model card: one writer at a time
-        return _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples, progress)
+        result = _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples,
+                           progress)
+        if out.resolve() == own.resolve():
+            write_model_card(run_dir)      # the card now carries the restoration scores and the label
+        # a grid written elsewhere (--out) leaves the run directory as it was
+        return result
 
 
 def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples, progress) -> dict:
@@ -145,9 +151,6 @@ def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_si
         plots.restoration_curves(history, out / "restoration_history.png",
                                  f"{name}: restoration at the last layer's input over training")
     write_text_atomic(target, json.dumps(result, indent=1) + "\n", overwrite=True)
-    if Path(out).resolve() == RunDir(run_dir).interventions_path.parent.resolve():
-        write_model_card(run_dir)      # the card now carries the restoration scores and the label
-    # a grid written elsewhere (--out) leaves the run directory as it was
     return result
 
 

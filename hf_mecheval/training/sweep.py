@@ -315,8 +315,12 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
         return {"name": job.name, "runs": job.run_names(), "returncode": 2,
                 "log": f"{busy} is in use by another process; its log was left alone"}
     trained = all(RunDir(runs_dir / name).finished for name in job.run_names())   # only its grid is missing
-    train = None if trained else _stack_flags(job, runs_dir, folders[0]) if isinstance(job, Stack) \
-        else _training_flags(job, folders[0])
+    if trained:
+        train = None
+    elif isinstance(job, Stack):
+        train = _stack_flags(job, runs_dir, folders[0])
+    else:
+        train = _training_flags(job, folders[0])
     if evaluate is None:
         cmd = [] if train is None else [sys.executable, "-m", "hf_mecheval.training.run", *train]
     else:
