@@ -66,11 +66,21 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         task_config=json.dumps(task["config"]), train_size=task.get("train_size"), dataset_seed=task.get("dataset_seed"),
         learning_rate=record["training"].get("learning_rate"), epochs=final.get("epochs"),
         seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
-        test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or str(run),
+        test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or shown_path(run.path),
         native=native, **_example(task))
     path = run.path / RunDir.CARD
     card.save(path)
     return path
+
+
+def shown_path(path: Path) -> str:
+    """How a card names a local run: relative to the working directory when the run lies inside
+    it (a committed run reads ``results/...``, usable from the repository's root, instead of one
+    machine's absolute path), else as given."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _example(task_record: dict) -> dict:

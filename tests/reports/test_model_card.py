@@ -97,3 +97,15 @@ def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
 def test_card_needs_a_finished_run(tmp_path):
     with pytest.raises(MechEvalError, match="not a finished run"):
         model_card.write_model_card(tmp_path)
+
+
+def test_card_names_a_run_inside_the_working_directory_by_its_relative_path(run_dir, tmp_path, monkeypatch):
+    outside = str(run_dir)
+    monkeypatch.chdir(run_dir.parent.parent)                # the run is <cwd>/<folder>/h3
+    model_card.write_model_card(run_dir.resolve())         # given absolute, as sweeps give it
+    text = (run_dir / "README.md").read_text()
+    relative = f"{run_dir.parent.name}/h3"
+    assert f'model="{relative}"' in text and f'from_pretrained("{relative}")' in text and outside not in text
+    monkeypatch.chdir(tmp_path)
+    model_card.write_model_card(run_dir)                   # outside the working directory: as given
+    assert f'from_pretrained("{run_dir}")' in (run_dir / "README.md").read_text()
