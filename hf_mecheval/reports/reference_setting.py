@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 
-from ..training.sweep import best_learning_rate, mean_validation_accuracy
+from ..training.sweep import Sweep, best_learning_rate, mean_validation_accuracy
+from .report import model_label
 
 SWEEPS = ("ref_ar", "ref_ablations", "ref_atr")
 
@@ -25,9 +26,17 @@ SWEEPS = ("ref_ar", "ref_ablations", "ref_atr")
 PAPER_AR_WIDTH_256 = {"transformer": 100, "based": 99, "mamba (conv 4)": 91, "hyena": 30, "baseconv": 10, "h3": 2}
 PAPER_MAMBA_CONV_WIDTH_256 = {0: 6, 1: 3, 2: 94, 3: 92, 4: 91}
 ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3", "baseconv")
-# ref_ar tries two learning rates per architecture: an AR claim gets its verdict once both have
-# finished (until then the best rate is not known), and reads "not run yet" before
-AR_LEARNING_RATES = 2
+
+
+def planned_learning_rates(sweep: str = "reference/ar") -> dict[str, set[float]]:
+    """The learning rates the packaged sweep tries per configuration (table label). An AR claim
+    gets its verdict once all of its models' rates have finished (until then the best rate is not
+    known), and reads "not run yet" before."""
+    planned: dict[str, set[float]] = {}
+    for run in Sweep.load(sweep).runs:
+        model = {"architecture": run.args["architecture"], **run.args.get("model_config", {})}
+        planned.setdefault(model_label(model), set()).add(run.args["learning_rate"])
+    return planned
 
 
 def _lr(value: float) -> str:
@@ -110,8 +119,9 @@ def _paper(figures: dict, key) -> str:
     return str(figures[key]) if key in figures else "—"
 
 
-def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
-    """Markdown per table (only those whose sweeps are present), and the verdicts."""
+def reference_tables(results: dict[str, list[dict]], planned: dict[str, set[float]] | None = None) -> dict[str, str]:
+    """Markdown per table (only those whose sweeps are present), and the verdicts; ``planned``:
+    the learning rates each AR configuration tries (default: ``planned_learning_rates()``)."""
     tables = {}
     ar = selections(results.get("ref_ar", []))
     if ar:
@@ -137,7 +147,8 @@ def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
         tables["ref_atr"] = _table(["task", "model", "epochs"] + CELL_HEAD, lines)
     tables["ref_verdicts"] = _table(["claim", "paper", "here (width 64)", "verdict"],
                                     [[c["claim"], c["paper"], c["figures"], c["verdict"]]
-                                     for c in verdicts(ar, widths, {t: selections(atr, t) for t in ("atr_easy", "atr_gen")})])
+                                     for c in verdicts(ar, widths, {t: selections(atr, t) for t in ("atr_easy", "atr_gen")},
+                                                       planned_learning_rates() if planned is None else planned)])
     return tables
 
 
@@ -152,8 +163,10 @@ def _based_width(label: str) -> str:
     return "based (conv 3)" if label == "based" else label
 
 
-def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[str, dict[str, Selection]]) -> list[dict]:
-    """The paper's claims at this setting, each with the figures and a verdict (or "not run yet")."""
+def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[str, dict[str, Selection]],
+             planned: dict[str, set[float]]) -> list[dict]:
+    """The paper's claims at this setting, each with the figures and a verdict (or "not run yet"
+    while an AR model has rates in ``planned`` that have not finished)."""
     out = []
 
     def claim(text, paper, needed, holds, figures):
@@ -165,7 +178,7 @@ def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[s
 
     def done(label: str) -> bool:
         """Whether every learning rate of ``label`` on AR has finished."""
-        return label in ar and len(ar[label].by_lr) >= AR_LEARNING_RATES
+        return label in ar and planned.get(label, set()) <= set(ar[label].by_lr)
 
     def acc(sel: dict, label: str) -> str:
         return f"{100 * sel[label].accuracy():.1f} %"

@@ -44,7 +44,13 @@ def _train_seconds(metrics: dict) -> float | None:
 
 
 def run_label(record: dict) -> str:
-    model = record["model"]
+    return model_label(record["model"])
+
+
+def model_label(model: dict) -> str:
+    """A configuration's name in tables: the architecture, with the short-convolution width where
+    it is an ablation knob (Mamba always, Based when not its default 3). ``model``: a run
+    record's model fields, or a sweep run's ``architecture`` with its ``model_config``."""
     arch = model.get("architecture", model.get("model_type", "?"))
     extra = []
     if arch == "mamba":
