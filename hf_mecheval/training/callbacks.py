@@ -110,38 +110,48 @@ class RestorationCallback(TrainerCallback):
 
 
 class WallClock(TrainerCallback):
-    """Training wall time summed over every segment of a run (an interrupted run resumed from a
-    checkpoint keeps the time spent before): each checkpoint gets ``wall_time.json`` with the
-    seconds so far, and a resumed run starts from its checkpoint's figure."""
+    """Training time summed over every segment of a run (an interrupted run resumed from a
+    checkpoint keeps the time spent before): wall seconds, and the process's CPU seconds (all of
+    its threads), which a paused process (``kill -STOP``) or one waiting for a busy core does not
+    accumulate. Each checkpoint gets ``wall_time.json`` with the figures so far, and a resumed run
+    starts from its checkpoint's."""
 
     FILE = "wall_time.json"
 
     def __init__(self, resumed_from: str | None = None):
-        self.before, self.segments = 0.0, 1
+        self.before, self.cpu_before, self.segments = 0.0, 0.0, 1
         if resumed_from is not None and (Path(resumed_from) / self.FILE).exists():
             try:
                 saved = json.loads((Path(resumed_from) / self.FILE).read_text())
                 self.before, self.segments = float(saved["seconds"]), int(saved["segments"]) + 1
+                # None: a checkpoint from before CPU time was kept, whose CPU time is unknown
+                self.cpu_before = None if saved.get("cpu_seconds") is None else float(saved["cpu_seconds"])
             except (OSError, ValueError, KeyError, TypeError):   # damaged: the time before is unknown
-                self.segments = 2
-        self.started = time.perf_counter()
+                self.segments, self.cpu_before = 2, None
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     @property
     def seconds(self) -> float:
         return self.before + time.perf_counter() - self.started
 
+    @property
+    def cpu_seconds(self) -> float | None:
+        return None if self.cpu_before is None else self.cpu_before + time.process_time() - self.cpu_started
+
     def on_train_begin(self, args, state, control, **kwargs):
-        self.started = time.perf_counter()
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     def on_save(self, args, state, control, **kwargs):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and checkpoint.is_dir():
-            write_text_atomic(checkpoint / self.FILE, json.dumps({"seconds": self.seconds, "segments": self.segments}),
-                              overwrite=True)
+            write_text_atomic(checkpoint / self.FILE, json.dumps(
+                {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "segments": self.segments}), overwrite=True)
 
     def summary(self) -> dict:
-        """What metrics.json records: wall seconds of training, the segments it took, the threads."""
+        """What metrics.json records: wall and CPU seconds of training (CPU: None when a segment's
+        is unknown), the segments it took, the threads."""
         import torch
 
-        return {"train_wall_seconds": round(self.seconds, 1), "train_segments": self.segments,
-                "threads": torch.get_num_threads()}
+        cpu = self.cpu_seconds
+        return {"train_wall_seconds": round(self.seconds, 1), "train_cpu_seconds": None if cpu is None else round(cpu, 1),
+                "train_segments": self.segments, "threads": torch.get_num_threads()}

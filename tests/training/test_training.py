@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -285,12 +286,27 @@ def test_wall_time_adds_up_over_a_resume(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(*args, callbacks=[StopAt(20)])
     saved = json.loads((tmp_path / "run" / "checkpoint-20" / "wall_time.json").read_text())
-    assert saved["segments"] == 1 and saved["seconds"] > 0
+    assert saved["segments"] == 1 and saved["seconds"] > 0 and saved["cpu_seconds"] > 0
     assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 0
     final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]
     assert final["train_segments"] == 2 and final["threads"] == torch.get_num_threads()
     # the second segment trained as many steps as the first: the total is more than the first alone
-    assert final["train_wall_seconds"] > saved["seconds"]
+    assert final["train_wall_seconds"] > saved["seconds"] and final["train_cpu_seconds"] > saved["cpu_seconds"]
+
+
+def test_cpu_time_is_unknown_after_a_checkpoint_without_it_and_leaves_out_a_pause(tmp_path):
+    from hf_mecheval.training.callbacks import WallClock
+
+    old = tmp_path / "checkpoint-old"                     # written before CPU time was kept
+    old.mkdir()
+    (old / WallClock.FILE).write_text(json.dumps({"seconds": 50.0, "segments": 1}))
+    clock = WallClock(str(old))
+    assert clock.summary()["train_cpu_seconds"] is None and clock.summary()["train_segments"] == 2
+    assert clock.summary()["train_wall_seconds"] >= 50.0
+    clock = WallClock()
+    time.sleep(0.3)                                       # idle, as a paused process: wall time only
+    summary = clock.summary()
+    assert summary["train_wall_seconds"] >= 0.3 and summary["train_cpu_seconds"] < 0.2
 
 
 def test_test_accuracy_on_the_first_documents(tmp_path):
