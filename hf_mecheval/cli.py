@@ -139,11 +139,13 @@ def _sweep(args: argparse.Namespace) -> int:
 
     sweep = Sweep.load(args.file)
     if args.dry_run:
-        for run in sweep.runs:
+        runs = sweep.select(args.only)
+        for run in runs:
             print(run.name, " ".join(run.flags()))
-        print(f"{len(sweep.runs)} runs")
+        print(f"{len(runs)} runs")
         return 0
-    outcome = launch(sweep, args.out, launcher=args.launcher, workers=args.workers, stack=args.stack)
+    outcome = launch(sweep, args.out, launcher=args.launcher, workers=args.workers, stack=args.stack,
+                     only=args.only, threads=args.threads)
     root = write_results(sweep, args.out)
     print(format_table(results_table(collect(sweep, args.out), sweep.grid_fields)), end="")
     print(f"{len(outcome['finished'])} runs finished, {len(outcome['skipped'])} already done, "
@@ -221,7 +223,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from .reports.reproduce import reproduce
 
     result = reproduce(args.preset, args.out, launcher=args.launcher, workers=args.workers, n=args.n,
-                       dry_run=args.dry_run, stack=args.stack)
+                       dry_run=args.dry_run, stack=args.stack, only=args.only, threads=args.threads)
     if args.dry_run:
         print(f"{len(result['runs'])} runs")
         return 0
@@ -253,6 +255,12 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
     parser.add_argument("--workers", type=_workers, default="auto",
                         help="training processes at once (local launcher); auto (default): one per GPU, or on a "
                              "CPU one per core with one thread each")
+    parser.add_argument("--threads", type=_positive_int, default=None,
+                        help="CPU threads per training process (default: the cores shared out among the workers), "
+                             "e.g. --workers 1 --threads 1 beside other work that holds a core")
+    parser.add_argument("--only", nargs="+", metavar="PATTERN",
+                        help="train only the runs whose names match one of these shell-style patterns "
+                             "(mamba_*, *_lr3e-04_s0; --dry-run lists the names); the others are left as they are")
     parser.add_argument("--stack", type=_stack_size, default="auto",
                         help="train up to N runs that differ only in learning rate and seed together as one "
                              "stacked run; auto (default): as many as fit on a GPU, none on a CPU")

@@ -98,6 +98,9 @@ def test_every_command_has_help(command, capsys):
 def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
     assert main(["reproduce", "--preset", "ablation-mamba", "--dry-run"]) == 0
     assert "225 runs" in capsys.readouterr().out
+    # a part of it, by run name: ref_ar's Mamba runs at its three learning rates
+    assert main(["reproduce", "--preset", "ref-ar", "--dry-run", "--only", "mamba_*"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "3 runs"
 
 
 def test_sweeps_by_name_or_path(capsys, tmp_path):

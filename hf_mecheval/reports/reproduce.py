@@ -21,6 +21,7 @@ The reference setting at width 64 (REPRODUCTION.md, "The reference setting"; CPU
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from ..errors import ConfigError
 from ..runs import RunDir
@@ -34,15 +35,19 @@ PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba"
 
 
 def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "local", workers: int | str = "auto",
-              n: int = 320, dry_run: bool = False, stack: int | str = "auto") -> dict:
+              n: int = 320, dry_run: bool = False, stack: int | str = "auto", only: Sequence[str] | None = None,
+              threads: int | None = None) -> dict:
+    """``only``: train only the runs whose names match (``Sweep.select``); the report still covers
+    every finished run of the preset."""
     if preset not in PRESETS:
         raise ConfigError("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")
     sweep = Sweep.load(SWEEPS_DIR / PRESETS[preset])
     if dry_run:
-        return {"runs": [r.name for r in sweep.runs]}
+        return {"runs": [r.name for r in sweep.select(only)]}
     # each run's intervention grid right after its training, in the same worker (and for finished
     # runs that have none): a sweep stopped part-way leaves every finished run evaluated
-    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, evaluate=["-n", str(n)])
+    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, evaluate=["-n", str(n)],
+                     only=only, threads=threads)
     write_results(sweep, out)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]
     finished = [r for r in runs if RunDir(r).finished]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fnmatch
 import hashlib
 import io
 import itertools
@@ -171,6 +172,19 @@ class Sweep:
             seen.add(name)
             runs.append(Run(name, args))
         return Sweep(spec["name"], runs, grid_fields)
+
+    def select(self, patterns: Sequence[str] | None) -> list[Run]:
+        """The runs whose names match one of the shell-style ``patterns`` (``mamba_*``,
+        ``*_lr3e-04_s0``), in the sweep's order; all runs when ``patterns`` is None. A pattern that
+        matches no run is refused (a typo would otherwise train nothing, silently)."""
+        if patterns is None:
+            return list(self.runs)
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(r.name, pattern) for r in self.runs):
+                raise ConfigError("only", f"{pattern!r} matches no run of sweep {self.name}; its runs: "
+                                          f"{', '.join(r.name for r in self.runs[:12])}"
+                                          f"{', ...' if len(self.runs) > 12 else ''}")
+        return [r for r in self.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
 
 
 _SHORT = {"architecture": "", "hidden_size": "d", "num_hidden_layers": "L", "learning_rate": "lr", "seed": "s",
@@ -357,13 +371,15 @@ def _in_use(folders: list[Path]) -> Path | None:
 PROCESS_MEMORY_GIB = 3     # a generous bound on one training process of the reference presets (CPU)
 
 
-def plan_workers(workers: int | str = "auto") -> tuple[int, int, list[str | None]]:
+def plan_workers(workers: int | str = "auto", threads: int | None = None) -> tuple[int, int, list[str | None]]:
     """(processes at once, CPU threads per process, the GPU each process slot sees).
 
     ``auto``: with GPUs, one process per GPU; on a CPU, one process per core with one thread each,
     as many as memory allows: these models are too small for a second thread to pay
     (``benchmarks/bench_workers.py``, 2 cores: two 1-thread runs train 1.3-1.5x as many steps per
-    second as one 2-thread run). A number N: N processes sharing the cores (and the GPUs, in turn)."""
+    second as one 2-thread run). A number N: N processes sharing the cores (and the GPUs, in turn).
+    ``threads``: threads per process instead of the cores shared out (e.g. one process with one
+    thread beside other work that holds the other core)."""
     import torch
 
     cores = os.cpu_count() or 1
@@ -379,21 +395,27 @@ def plan_workers(workers: int | str = "auto") -> tuple[int, int, list[str | None
             workers = max(1, min(cores, int(free_gib // PROCESS_MEMORY_GIB)))
     elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError("workers", f"must be 'auto' or a number of processes >= 1, got {workers!r}")
-    threads = max(1, cores // workers)
+    if threads is None:
+        threads = max(1, cores // workers)
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError("threads", f"must be a number of threads >= 1, got {threads!r}")
     devices = [str(i % gpus) for i in range(workers)] if gpus else [None] * workers
     return workers, threads, devices
 
 
 def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int | str = "auto",
-           progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None) -> dict:
-    """Run every unfinished run of the sweep into ``<out>/<sweep name>/runs`` (see ``train_runs``);
-    returns {"finished", "skipped", "failed"} run names."""
+           progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None,
+           only: Sequence[str] | None = None, threads: int | None = None) -> dict:
+    """Run every unfinished run of the sweep (or of those ``only`` selects, see ``Sweep.select``)
+    into ``<out>/<sweep name>/runs`` (see ``train_runs``); returns {"finished", "skipped",
+    "failed"} run names. ``sweep.json`` always records the whole sweep."""
     root = Path(out) / sweep.name
     check_launcher(launcher, stack)
+    runs = sweep.select(only)
     check_existing_runs(sweep.runs, root / "runs")      # an edited sweep is refused before its record changes
     write_text_atomic(root / "sweep.json", json.dumps([dataclasses.asdict(r) for r in sweep.runs], indent=2),
                       overwrite=True)
-    return train_runs(sweep.runs, root / "runs", launcher, workers, progress, stack, evaluate)
+    return train_runs(runs, root / "runs", launcher, workers, progress, stack, evaluate, threads)
 
 
 def check_launcher(launcher: str, stack: int | str) -> None:
@@ -404,13 +426,14 @@ def check_launcher(launcher: str, stack: int | str) -> None:
 
 
 def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers: int | str = "auto",
-               progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None) -> dict:
+               progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None,
+               threads: int | None = None) -> dict:
     """Train every unfinished run into ``runs_dir/<run name>`` (stacked where ``stack`` allows;
-    ``workers`` processes at once, see ``plan_workers``), each followed by its intervention grid
-    (``mecheval evaluate RUN *evaluate``) unless ``evaluate`` is None; returns {"finished",
-    "skipped", "failed"} run names."""
+    ``workers`` processes at once with ``threads`` each, see ``plan_workers``), each followed by
+    its intervention grid (``mecheval evaluate RUN *evaluate``) unless ``evaluate`` is None;
+    returns {"finished", "skipped", "failed"} run names."""
     check_launcher(launcher, stack)
-    workers, threads, devices = plan_workers(workers)
+    workers, threads, devices = plan_workers(workers, threads)
     check_existing_runs(runs, runs_dir)
     todo = [r for r in runs if not RunDir(runs_dir / r.name).finished
             or (evaluate is not None and not RunDir(runs_dir / r.name).evaluated)]

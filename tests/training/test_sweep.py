@@ -149,11 +149,25 @@ def test_sweep_job_runs_no_grid_after_a_failed_training(tmp_path, capsys):
 def test_sweep_command(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps({"name": "cli", "task": "ar_32", "defaults": BASE,
-                                "grids": [{"architecture": ["mamba"], "learning_rate": [0.01]}]}))
+                                "grids": [{"architecture": ["mamba"], "learning_rate": [0.01, 0.001]}]}))
     assert mecheval(["sweep", str(path), "--out", str(tmp_path), "--dry-run"]) == 0
-    assert "1 runs" in capsys.readouterr().out
-    assert mecheval(["sweep", str(path), "--out", str(tmp_path)]) == 0
-    assert "1 runs finished" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[-1] == "2 runs"
+    # --only picks runs by name; --threads sets the threads of each training process
+    assert mecheval(["sweep", str(path), "--out", str(tmp_path), "--dry-run", "--only", "*_lr0.01_*"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "mamba_lr0.01_s0 " + " ".join(Sweep.load(path).runs[0].flags()), "1 runs"]
+    assert mecheval(["sweep", str(path), "--out", str(tmp_path), "--only", "mamba_lr0.01_s0", "--workers", "1",
+                     "--threads", "1"]) == 0
+    assert "1 runs finished, 0 already done, 0 failed" in capsys.readouterr().out
+    runs = tmp_path / "cli" / "runs"
+    assert json.loads((runs / "mamba_lr0.01_s0" / "metrics.json").read_text())["final"]["threads"] == 1
+    assert not (runs / "mamba_lr1e-03_s0").exists()
+    assert len(json.loads((tmp_path / "cli" / "sweep.json").read_text())) == 2     # the record: the whole sweep
+    # a pattern that matches nothing is refused, naming the flag, before anything starts
+    assert mecheval(["sweep", str(path), "--out", str(tmp_path), "--only", "mamba_lr1e-04_*"]) == 2
+    assert "only: 'mamba_lr1e-04_*' matches no run of sweep cli" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mecheval(["sweep", str(path), "--threads", "0"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -194,6 +208,12 @@ def test_workers_auto_is_one_single_threaded_process_per_core_on_a_cpu(monkeypat
     for bad in (0, -1, "3", 1.5, True):
         with pytest.raises(ConfigError, match="workers"):
             plan_workers(bad)
+    # threads given: as many per process, whatever the cores
+    assert plan_workers(1, threads=1) == (1, 1, [None])
+    assert plan_workers(2, threads=3) == (2, 3, [None, None])
+    for bad in (0, 1.5, True):
+        with pytest.raises(ConfigError, match="threads"):
+            plan_workers(1, threads=bad)
 
 
 def test_workers_flag_takes_auto_or_a_positive_number(capsys):
