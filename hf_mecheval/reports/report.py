@@ -72,7 +72,7 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
                "seed": record["training"].get("seed"),
                "validation_accuracy": final["validation_accuracy"], "test_accuracy": final["test_accuracy"],
                "train_seconds": _train_seconds(metrics)}
-        # written by runs since the wall clock and the test head exist (training.callbacks.WallClock)
+        # written by runs since the wall clock and the test head exist (training.callbacks.TrainingClock)
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_head_size", "train_head_accuracy",
                     "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads"):
             if key in final:

@@ -1,6 +1,6 @@
 """Trainer callbacks. ``RestorationCallback``: the intervention metric during training, so a user sees *when* a
-mechanism appears. ``WallClock``: training wall time across resumed segments (metrics.json's
-``train_wall_seconds``).
+mechanism appears. ``TrainingClock``: training wall and CPU time across resumed segments (metrics.json's
+``train_wall_seconds``, ``train_cpu_seconds``).
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ class RestorationCallback(TrainerCallback):
         write_text_atomic(out / HISTORY_FILE, json.dumps(self.history, indent=1) + "\n", overwrite=True)
 
 
-class WallClock(TrainerCallback):
+class TrainingClock(TrainerCallback):
     """Training time summed over every segment of a run (an interrupted run resumed from a
     checkpoint keeps the time spent before): wall seconds, and the process's CPU seconds (all of
     its threads), which a paused process (``kill -STOP``) or one waiting for a busy core does not

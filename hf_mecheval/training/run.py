@@ -33,7 +33,7 @@ from ..runs import RunDir
 from ..runs.run_dir import check_replaceable, check_same_run, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
-from .callbacks import WallClock
+from .callbacks import TrainingClock
 from .command_line import parse, this_command
 from .data import batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
@@ -88,7 +88,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
             if main_process and checkpoint is None:
                 RunDir(run_dir).start(command or this_command(), record)   # replaces an old run (allowed above)
 
-        clock = WallClock(checkpoint)
+        clock = TrainingClock(checkpoint)
         callbacks = [clock, *callbacks]         # first: a callback that stops the run sees the time saved
         trainer = MechEvalTrainer(
             model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],

@@ -48,7 +48,7 @@ from ..runs import RunDir
 from ..runs.run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import validate
-from .callbacks import WallClock
+from .callbacks import TrainingClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
 from .command_line import parse_dict, this_command
@@ -377,7 +377,7 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
         eval_dataset=splits["validation"], data_collator=batch_collator, callbacks=list(callbacks),
         learning_rates=[m.training.learning_rate for m in members],
         data_seeds=[data_seed(m.training) for m in members], max_grad_norm=first_training.max_grad_norm)
-    clock = WallClock(checkpoint)
+    clock = TrainingClock(checkpoint)
     trainer.add_callback(clock)
     run_trainer(trainer, checkpoint)
 

@@ -295,15 +295,15 @@ def test_wall_time_adds_up_over_a_resume(tmp_path):
 
 
 def test_cpu_time_is_unknown_after_a_checkpoint_without_it_and_leaves_out_a_pause(tmp_path):
-    from hf_mecheval.training.callbacks import WallClock
+    from hf_mecheval.training.callbacks import TrainingClock
 
     old = tmp_path / "checkpoint-old"                     # written before CPU time was kept
     old.mkdir()
-    (old / WallClock.FILE).write_text(json.dumps({"seconds": 50.0, "segments": 1}))
-    clock = WallClock(str(old))
+    (old / TrainingClock.FILE).write_text(json.dumps({"seconds": 50.0, "segments": 1}))
+    clock = TrainingClock(str(old))
     assert clock.summary()["train_cpu_seconds"] is None and clock.summary()["train_segments"] == 2
     assert clock.summary()["train_wall_seconds"] >= 50.0
-    clock = WallClock()
+    clock = TrainingClock()
     time.sleep(0.3)                                       # idle, as a paused process: wall time only
     summary = clock.summary()
     assert summary["train_wall_seconds"] >= 0.3 and summary["train_cpu_seconds"] < 0.2
