@@ -119,9 +119,8 @@ def _paper(figures: dict, key) -> str:
     return str(figures[key]) if key in figures else "—"
 
 
-def reference_tables(results: dict[str, list[dict]], planned: dict[str, set[float]] | None = None) -> dict[str, str]:
-    """Markdown per table (only those whose sweeps are present), and the verdicts; ``planned``:
-    the learning rates each AR configuration tries (default: ``planned_learning_rates()``)."""
+def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
+    """Markdown per table (only those whose sweeps are present), and the verdicts."""
     tables = {}
     ar = selections(results.get("ref_ar", []))
     if ar:
@@ -148,7 +147,7 @@ def reference_tables(results: dict[str, list[dict]], planned: dict[str, set[floa
     tables["ref_verdicts"] = _table(["claim", "paper", "here (width 64)", "verdict"],
                                     [[c["claim"], c["paper"], c["figures"], c["verdict"]]
                                      for c in verdicts(ar, widths, {t: selections(atr, t) for t in ("atr_easy", "atr_gen")},
-                                                       planned_learning_rates() if planned is None else planned)])
+                                                       planned_learning_rates())])
     return tables
 
 
