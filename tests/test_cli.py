@@ -101,6 +101,15 @@ def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
     # a part of it, by run name: ref_ar's Mamba runs at its three learning rates
     assert main(["reproduce", "--preset", "ref-ar", "--dry-run", "--only", "mamba_*"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "3 runs"
+    # the reference ablations: Based's four other short kernels, then Mamba's conv 0-3, at each
+    # model's best ref_ar rate
+    assert main(["reproduce", "--preset", "ref-ablations", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "8 runs"
+    assert main(["sweep", "reference/ar_ablations", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[:-1] if line.startswith(("based_", "mamba_"))] == [
+        *(f"based_lr1e-03_short_conv_kernel{k}_s0" for k in (1, 2, 4, "long")),
+        *(f"mamba_lr3e-03_conv_kernel{k}_s0" for k in (2, 3, 0, 1))]
 
 
 def test_sweeps_by_name_or_path(capsys, tmp_path):

@@ -16,6 +16,7 @@ CPU scale (REPRODUCTION.md: what this repository's committed results come from):
 The reference setting at width 64 (REPRODUCTION.md, "The reference setting"; CPU-hours):
 
     ref-ar          hf_mecheval/training/sweeps/reference/ar.yaml   (ar_32 as the reference, 7 architectures)
+    ref-ablations   hf_mecheval/training/sweeps/reference/ar_ablations.yaml (Mamba conv 0-3, Based short kernels)
     ref-atr         hf_mecheval/training/sweeps/reference/atr.yaml  (ATR easy, without Mamba's conv, ATR-gen)
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ from .report import write_report
 PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba": "ar_mamba_conv.yaml",
            "ablation-based": "ar_based_kernel.yaml", "atr-no-conv": "atr_no_conv.yaml",
            "cpu-ar": "cpu/ar.yaml", "cpu-ablations": "cpu/ablations.yaml", "cpu-atr": "cpu/atr.yaml",
-           "ref-ar": "reference/ar.yaml", "ref-atr": "reference/atr.yaml"}
+           "ref-ar": "reference/ar.yaml", "ref-ablations": "reference/ar_ablations.yaml",
+           "ref-atr": "reference/atr.yaml"}
 
 
 def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "local", workers: int | str = "auto",
