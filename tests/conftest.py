@@ -14,6 +14,7 @@ import pytest
 
 _HF_HOME = tempfile.mkdtemp(prefix="mecheval-test-hf-")
 os.environ["HF_HOME"] = _HF_HOME
+os.environ["HF_MECHEVAL_KERNEL_CACHE"] = os.path.join(_HF_HOME, "kernels")   # the compiled CPU scan
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"      # inherited by every process a test starts

@@ -2,6 +2,7 @@
 (its dependencies taken from the current one), and used from a directory outside the clone."""
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -70,6 +71,15 @@ def test_sweeps_by_name(installed):
     # (ar_main works the same way; its 735 runs take minutes to check on a CPU)
     out = run(installed, str(python.parent / "mecheval"), "sweep", "reference/ar", "--dry-run").stdout
     assert out.splitlines()[-1] == "17 runs" and "transformer" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+def test_the_wheel_ships_and_builds_the_compiled_scan(installed):
+    python, work = installed
+    code = "from hf_mecheval.models import cpu_kernels; print(cpu_kernels.SOURCE.exists(), cpu_kernels.available())"
+    assert run(installed, str(python), "-c", code).stdout.split() == ["True", "True"]
+    assert list((work / ".cache" / "hf-mecheval" / "kernels").glob("selective_scan_cpu-*.so"))
 
 
 @pytest.mark.slow

@@ -69,8 +69,9 @@ class MechEvalConfig(PreTrainedConfig):
     layer_norm_eps: float = 1e-5
     initializer_range: float = 0.02
     kernels: str = "auto"
-    """"auto": fused CUDA kernels where CUDA and the optional packages are present, else PyTorch;
-    "torch": always the PyTorch reference; "cuda": require the kernels (error otherwise)."""
+    """"auto": fused CUDA kernels where CUDA and the optional packages are present, a compiled C++
+    kernel on a CPU where one builds (Mamba's scan), else PyTorch; "torch": always the PyTorch
+    reference; "cuda": require the CUDA kernels (error otherwise)."""
     tie_word_embeddings: bool = True
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1

@@ -1,12 +1,15 @@
-"""Optional fused CUDA kernels, imported lazily (never at package import: importing
-flash-linear-attention replaces transformers' built-in ``mamba`` model types).
+"""Optional fused kernels: CUDA ones from optional packages, imported lazily (never at package
+import: importing flash-linear-attention replaces transformers' built-in ``mamba`` model types),
+and the C++ CPU ones of ``cpu_kernels.py``, compiled on first use.
 
-``kernels="auto"`` uses a kernel where CUDA and its package are present, ``"torch"`` never,
-``"cuda"`` always (and fails clearly otherwise). The choice is logged once per mixer type.
+``kernels="auto"`` uses a CUDA kernel where CUDA and its package are present and a CPU kernel on
+the CPU where one compiles; ``"torch"`` never uses either; ``"cuda"`` always uses the CUDA kernel
+(and fails clearly otherwise). The choice is logged once per mixer type.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 
 import torch
@@ -40,6 +43,27 @@ def use_kernels(mixer: str, mode: str, device: torch.device | None = None) -> bo
 @functools.cache
 def _log_choice(mixer: str, chosen: bool) -> None:
     logger.info(f"hf-mecheval: {mixer} runs on {'fused CUDA kernels' if chosen else 'the PyTorch reference path'}")
+
+
+def cpu_scan(mixer: str, mode: str, device: torch.device):
+    """The compiled CPU selective scan (``cpu_kernels.selective_scan_cpu``) where ``mixer`` should
+    run it under ``mode``, else None. Imported by name: transformers copies every ``from .x import``
+    of the modeling code into a checkpoint, and that copy cannot carry the C++ source, so it has
+    no ``cpu_kernels`` and keeps the PyTorch path."""
+    if mode == "torch" or device.type != "cpu":
+        return None
+    try:
+        module = importlib.import_module(".cpu_kernels", __package__)
+    except ImportError:
+        module = None
+    chosen = module is not None and module.available()
+    _log_cpu_choice(mixer, chosen)
+    return module.selective_scan_cpu if chosen else None
+
+
+@functools.cache
+def _log_cpu_choice(mixer: str, chosen: bool) -> None:
+    logger.info(f"hf-mecheval: {mixer} on a CPU runs {'the compiled C++ scan' if chosen else 'the PyTorch scan'}")
 
 
 # The imports below sit in try blocks: besides failing clearly, that tells transformers' remote-code

@@ -13,6 +13,9 @@ forms with hand-written backward loops over time.
 * :func:`selective_scan_at` (``SelectiveScanAt``): y at kept positions only, in closed form (the
   answer-only training path of the last layer).
 
+The compiled CPU form (``cpu_kernels.py``, ``selective_scan_cpu.cpp``) sits outside this file so
+that a checkpoint's copy of the code, which cannot carry C++ source, keeps this PyTorch path.
+
 Each has a vmap rule (stacked runs). Tested against the reference in ``tests/models/test_mamba_scan.py``.
 """
 from __future__ import annotations

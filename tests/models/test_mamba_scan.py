@@ -1,8 +1,10 @@
-"""The fused selective scan, its answer-position form and the state-path scan against the
-readable reference."""
+"""The fused selective scan, its answer-position form, the compiled CPU scan and the state-path
+scan against the readable reference."""
+import pytest
 import torch
 
-from hf_mecheval.models import build_model
+from hf_mecheval.models import build_model, cpu_kernels
+from hf_mecheval.models.kernels import cpu_scan
 from hf_mecheval.models.ops_selective_scan import (LinearScan, ScanWorkspace, selective_scan, selective_scan_at,
                                                    selective_scan_reference)
 
@@ -122,10 +124,10 @@ def test_state_patch_propagates_forward_only():
     assert ((patched - clean)[:, p:].abs().amax(-1) > 1e-9).all()    # every later position moves
 
 
-def tiny_mamba_batch():
+def tiny_mamba_batch(kernels="torch"):
     """A 2-layer Mamba and a batch with one answer label per row (the training path)."""
     torch.manual_seed(0)
-    model = build_model("mamba", vocab_size=11, hidden_size=8, d_state=4, num_hidden_layers=2, kernels="torch")
+    model = build_model("mamba", vocab_size=11, hidden_size=8, d_state=4, num_hidden_layers=2, kernels=kernels)
     ids = torch.randint(3, 11, (2, 10))
     labels = torch.full_like(ids, -100)
     labels[:, -1] = ids[:, -1]
@@ -148,10 +150,11 @@ def test_buffers_needed_by_a_pending_backward_are_never_reused():
             assert torch.allclose(p.grad, want[n], atol=1e-6), (second, n)
 
 
-def test_mamba_trains_under_bfloat16_autocast():
-    # the scans run in float32 inside; the loss stays close to the float32 one and every
-    # parameter gets a finite gradient
-    model, ids, labels = tiny_mamba_batch()
+@pytest.mark.parametrize("kernels", ["torch", "auto"])
+def test_mamba_trains_under_bfloat16_autocast(kernels):
+    # the scans (PyTorch's, or the compiled one where it builds) run in float32 inside; the loss
+    # stays close to the float32 one and every parameter gets a finite gradient
+    model, ids, labels = tiny_mamba_batch(kernels)
     full = model(ids, labels=labels).loss
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(ids, labels=labels).loss
@@ -159,3 +162,93 @@ def test_mamba_trains_under_bfloat16_autocast():
     loss.backward()
     assert abs(loss.item() - full.item()) < 0.02 and logits.dtype == torch.bfloat16
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+needs_compiler = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the compiled scan is not built")
+
+
+@needs_compiler
+def test_compiled_scan_matches_reference_values_and_gradients():
+    assert torch.autograd.gradcheck(cpu_kernels.selective_scan_cpu, inputs(7))
+    assert_same_values_and_gradients(cpu_kernels.selective_scan_cpu,
+                                     lambda *t: selective_scan_reference(*t)[0], seed=8)
+    # float32 (training's dtype) against the float64 reference, at Mamba's layout sizes
+    x, dt, A, Bm, C = (t.detach() for t in inputs(9, B=4, L=37, E=16, N=16))
+    y32 = cpu_kernels.selective_scan_cpu(*(t.float() for t in (x, dt, A, Bm, C)))
+    assert y32.dtype == torch.float32
+    assert torch.allclose(y32.double(), selective_scan_reference(x, dt, A, Bm, C)[0], atol=1e-5)
+
+
+@needs_compiler
+def test_compiled_scan_with_one_A_per_row_under_vmap_and_split_between_threads():
+    x, dt, A, Bm, C = inputs(10, B=5)
+    A_rows = (A[None] * torch.linspace(0.5, 2.0, 5, dtype=A.dtype)[:, None, None]).detach().requires_grad_()
+    assert torch.autograd.gradcheck(cpu_kernels.selective_scan_cpu, (x, dt, A_rows, Bm, C))
+    # rows split between 3 threads give the 1-thread result exactly (each row is one call's)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_kernels.selective_scan_cpu(x, dt, A_rows, Bm, C)
+        torch.set_num_threads(3)
+        assert cpu_kernels._split_rows(5) == [(0, 1), (1, 3), (3, 5)]
+        assert torch.equal(cpu_kernels.selective_scan_cpu(x, dt, A_rows, Bm, C), one)
+    finally:
+        torch.set_num_threads(threads)
+    K_A = torch.stack([A.detach(), 0.3 * A.detach()]).requires_grad_()
+    K_C = torch.stack([C.detach(), -C.detach()]).requires_grad_()
+    ys = torch.func.vmap(cpu_kernels.selective_scan_cpu, in_dims=(None, None, 0, None, 0))(x, dt, K_A, Bm, K_C)
+    w = torch.randn_like(ys)
+    (ys * w).sum().backward()
+    for k in range(2):
+        a, c = K_A.detach()[k].clone().requires_grad_(), K_C.detach()[k].clone().requires_grad_()
+        y_k = selective_scan_reference(x.detach(), dt.detach(), a, Bm.detach(), c)[0]
+        (y_k * w[k]).sum().backward()
+        assert torch.allclose(ys[k], y_k, atol=1e-12)
+        assert torch.allclose(K_A.grad[k], a.grad, atol=1e-10) and torch.allclose(K_C.grad[k], c.grad, atol=1e-10)
+
+
+@needs_compiler
+def test_mamba_on_the_compiled_scan_equals_the_pytorch_path():
+    # the whole model, on the training path (answer-only last layer) and on full logits:
+    # kernels="auto" takes the compiled scan on a CPU, "torch" the PyTorch one
+    assert cpu_scan("mamba", "auto", torch.device("cpu")) is cpu_kernels.selective_scan_cpu
+    assert cpu_scan("mamba", "torch", torch.device("cpu")) is None
+    losses, grads = {}, {}
+    for kernels in ("torch", "auto"):
+        model, ids, labels = tiny_mamba_batch(kernels)
+        model.double()
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        losses[kernels] = (loss.item(), model(ids).logits.detach())
+        grads[kernels] = {n: p.grad for n, p in model.named_parameters()}
+    assert abs(losses["torch"][0] - losses["auto"][0]) < 1e-12
+    assert torch.allclose(losses["torch"][1], losses["auto"][1], atol=1e-12)
+    for n, g in grads["torch"].items():
+        assert torch.allclose(grads["auto"][n], g, atol=1e-10), n
+
+
+def test_a_compiler_that_fails_leaves_the_pytorch_path(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setenv("CXX", "false")                    # a "compiler" that always fails
+    assert cpu_kernels.scan_library.__wrapped__() is None
+    assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
+    # no source (a checkpoint's copy of the code) or no compiler at all: None as well
+    monkeypatch.setattr(cpu_kernels, "SOURCE", tmp_path / "missing.cpp")
+    assert cpu_kernels.scan_library.__wrapped__() is None
+
+
+@needs_compiler
+def test_the_compiled_library_is_cached_per_source_and_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path))
+    first = cpu_kernels.scan_library.__wrapped__()
+    built = list(tmp_path.glob("selective_scan_cpu-*.so"))
+    assert first is not None and len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert cpu_kernels.scan_library.__wrapped__() is not None      # loads the cached build
+    assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*.so")) == built
+    # another source is another build
+    changed = tmp_path / "changed.cpp"
+    changed.write_text(cpu_kernels.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(cpu_kernels, "SOURCE", changed)
+    assert cpu_kernels.scan_library.__wrapped__() is not None
+    assert len(list(tmp_path.glob("*.so"))) == 2

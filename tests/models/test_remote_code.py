@@ -28,6 +28,8 @@ def test_the_remote_code_is_self_contained():
     assert {"modeling_mecheval", "configuration_mecheval", "recurrent_cache", "mixers"} <= names
     # every built-in architecture's mixer files and config travel with the checkpoint
     assert {"registry", "builtin_architectures"} <= names
+    # the compiled CPU scan stays out: a checkpoint carries Python files only, not its C++ source
+    assert "cpu_kernels" not in names
     for spec in ARCHITECTURES.values():
         if spec.builtin:
             assert {c.__module__.rpartition(".")[2] for c in (spec.config_class, *spec.mixers.values())} <= names

@@ -1,0 +1,182 @@
+"""Mamba's selective scan as a fused CPU kernel in plain C++ (``selective_scan_cpu.cpp``),
+compiled on first use with the system's C++ compiler and called through ctypes: no torch headers,
+no build step at install, a compile of about two seconds. ``selective_scan_cpu`` computes what
+``ops_selective_scan.selective_scan`` computes, ~4x faster forward and backward at Mamba's sizes
+(``benchmarks/bench_scan.py``). Where no compiler is found the mixer keeps its PyTorch path; a
+checkpoint's copy of the modeling code never imports this module (``kernels.cpu_scan``).
+
+The library is cached per source, flags and CPU (``-march=native``) under
+``$HF_MECHEVAL_KERNEL_CACHE`` or ``~/.cache/hf-mecheval/kernels``, written atomically, so that
+concurrent sweep workers can build it at once.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from transformers.utils import logging
+
+from .mixers import fold_copies
+from .ops_selective_scan import _row_decays
+
+logger = logging.get_logger(__name__)
+
+SOURCE = Path(__file__).with_name("selective_scan_cpu.cpp")
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", "-std=c++17"]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("HF_MECHEVAL_KERNEL_CACHE") or Path.home() / ".cache" / "hf-mecheval" / "kernels")
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` compiles for: the CPU's model and flags (a library built on another
+    machine sharing the cache may use instructions this one lacks)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({line for line in info if line.startswith(("model name", "flags"))}))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+@functools.cache
+def scan_library() -> ctypes.CDLL | None:
+    """The compiled selective scan, or None (logged once) where it cannot be built."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not SOURCE.exists() or compiler is None:
+        logger.info("hf-mecheval: no C++ compiler or kernel source; Mamba's scan runs on the PyTorch path")
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode() + _cpu_signature().encode()).hexdigest()[:16]
+    library = _cache_dir() / f"selective_scan_cpu-{key}.so"
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+            built = Path(tmp) / library.name
+            result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+            if result.returncode != 0:
+                logger.warning(f"hf-mecheval: compiling {SOURCE.name} failed; Mamba's scan runs on the PyTorch "
+                               f"path:\n{result.stderr[-2000:]}")
+                return None
+            os.replace(built, library)         # atomic: a concurrent build replaces it with the same bytes
+    lib = ctypes.CDLL(str(library))
+    for name in ("scan_forward_f32", "scan_forward_f64", "scan_backward_f32", "scan_backward_f64"):
+        getattr(lib, name).restype = None
+    return lib
+
+
+def available() -> bool:
+    return scan_library() is not None
+
+
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _split_rows(rows: int) -> list[tuple[int, int]]:
+    """Row ranges, one per thread torch may use (ctypes releases the GIL during each call)."""
+    parts = max(1, min(torch.get_num_threads(), rows))
+    bounds = [rows * i // parts for i in range(parts + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _run(calls: list) -> None:
+    if len(calls) == 1:
+        calls[0]()
+        return
+    with ThreadPoolExecutor(len(calls)) as pool:
+        for future in [pool.submit(c) for c in calls]:
+            future.result()
+
+
+def scan_forward(x, dt, A_ne, Bm, C) -> torch.Tensor:
+    """y (B, L, E). x, dt: (B, L, E); A_ne: (N, E) or (B, N, E); Bm, C: (B, L, N); all contiguous,
+    of one dtype (float32 or float64), on the CPU."""
+    lib = scan_library()
+    rows, L, E = x.shape
+    N = Bm.shape[-1]
+    per_row = A_ne.dim() == 3
+    y = torch.empty_like(x)
+    fn = getattr(lib, f"scan_forward_{_SUFFIX[x.dtype]}")
+
+    def call(a, b):
+        return lambda: fn(_ptr(x[a]), _ptr(dt[a]), _ptr(A_ne[a] if per_row else A_ne), _ptr(Bm[a]), _ptr(C[a]),
+                          _ptr(y[a]), ctypes.c_int64(b - a), ctypes.c_int64(L), ctypes.c_int64(N),
+                          ctypes.c_int64(E), ctypes.c_int64(int(per_row)))
+    _run([call(a, b) for a, b in _split_rows(rows)])
+    return y
+
+
+def scan_backward(x, dt, A_ne, Bm, C, gy):
+    """(gx, gdt, gA per row (B, N, E), gB, gC): the gradients of sum(gy * y), same layouts."""
+    lib = scan_library()
+    rows, L, E = x.shape
+    N = Bm.shape[-1]
+    per_row = A_ne.dim() == 3
+    gx, gdt = torch.empty_like(x), torch.empty_like(x)
+    gA = x.new_empty(rows, N, E)
+    gB, gC = torch.empty_like(Bm), torch.empty_like(C)
+    fn = getattr(lib, f"scan_backward_{_SUFFIX[x.dtype]}")
+
+    def call(a, b):
+        return lambda: fn(_ptr(x[a]), _ptr(dt[a]), _ptr(A_ne[a] if per_row else A_ne), _ptr(Bm[a]), _ptr(C[a]),
+                          _ptr(gy[a]), _ptr(gx[a]), _ptr(gdt[a]), _ptr(gA[a]), _ptr(gB[a]), _ptr(gC[a]),
+                          ctypes.c_int64(b - a), ctypes.c_int64(L), ctypes.c_int64(N), ctypes.c_int64(E),
+                          ctypes.c_int64(int(per_row)))
+    _run([call(a, b) for a, b in _split_rows(rows)])
+    return gx, gdt, gA, gB, gC
+
+
+class CpuSelectiveScan(torch.autograd.Function):
+    """y = selective_scan_reference(x, dt, A, B, C)[0] by the compiled C++ kernel: forward keeps
+    nothing but its inputs; backward recomputes each row's states in cache. A is (E, N), or
+    (B, E, N) one per row (the vmap rule folds stacked copies into rows, as ``SelectiveScan``'s).
+    Float32 or float64, on the CPU; use ``selective_scan_cpu``."""
+
+    @staticmethod
+    def forward(x, dt, A, B, C):
+        # x, dt: (B, L, E); A: (E, N) or (B, E, N); B, C: (B, L, N) -> y (B, L, E)
+        return scan_forward(x.contiguous(), dt.contiguous(), A.transpose(-1, -2).contiguous(),
+                                        B.contiguous(), C.contiguous())
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, dt, A, B, C = ctx.saved_tensors
+        gx, gdt, gA, gB, gC = scan_backward(
+            x.contiguous(), dt.contiguous(), A.transpose(-1, -2).contiguous(), B.contiguous(), C.contiguous(),
+            gy.contiguous())
+        gA = gA.transpose(1, 2) if A.dim() == 3 else gA.sum(0).T            # (B, E, N) or (E, N)
+        return gx, gdt, gA, gB, gC
+
+    @staticmethod
+    def vmap(info, in_dims, x, dt, A, B, C):
+        K = info.batch_size
+        x, dt, B, C = fold_copies(K, (x, dt, B, C), (in_dims[0], in_dims[1], in_dims[3], in_dims[4]))
+        b = x.shape[0] // K                                                     # rows per copy
+        y = CpuSelectiveScan.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C)
+        return y.view(K, b, *y.shape[1:]), 0
+
+
+def selective_scan_cpu(x, dt, A, B, C) -> torch.Tensor:
+    """y (B, L, E), as ``selective_scan``, by the compiled kernel (where ``available()``).
+    Inputs in a lower precision are scanned in float32; y comes back in x's dtype."""
+    dtype = x.dtype
+    if dtype not in (torch.float32, torch.float64) or len({t.dtype for t in (x, dt, A, B, C)}) > 1:
+        x, dt, A, B, C = (t.float() for t in (x, dt, A, B, C))
+    return CpuSelectiveScan.apply(x, dt, A, B, C).to(dtype)

@@ -1,0 +1,156 @@
+// Mamba's selective scan on a CPU, fused: one pass over time per batch row that keeps the state
+// (N x E numbers) in cache, instead of PyTorch's whole-tensor passes over (B, L, N, E) buffers
+// that are memory-bound. The math is ops_selective_scan.py's readable reference:
+//
+//     h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t        h: (N, E) per row, A: (N, E)
+//     y_t = C_t . h_t                                   (E,)
+//
+// Layout (row-major, contiguous): x, dt, y: (B, L, E); A: (N, E), or (B, N, E) with one A per
+// row (stacked copies folded into the rows); Bm, C: (B, L, N). The channels E are innermost, so
+// every inner loop runs over contiguous memory and the compiler vectorizes it (with -ffast-math
+// glibc's vector exp as well). A row's results are written by that row's call only; the caller
+// splits rows between threads.
+//
+// Built by cpu_kernels.py (g++ -O3 -march=native -ffast-math) and called through ctypes; tested
+// against the reference in tests/models/test_mamba_scan.py.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+template <typename T>
+void forward_row(const T* x, const T* dt, const T* A, const T* Bm, const T* C, T* y,
+                 int64_t L, int64_t N, int64_t E, T* h, T* dtx) {
+    std::memset(h, 0, sizeof(T) * N * E);
+    for (int64_t t = 0; t < L; ++t) {
+        const T* dt_t = dt + t * E;
+        T* y_t = y + t * E;
+        for (int64_t e = 0; e < E; ++e) {
+            dtx[e] = dt_t[e] * x[t * E + e];
+            y_t[e] = 0;
+        }
+        for (int64_t n = 0; n < N; ++n) {
+            const T* a = A + n * E;
+            T* h_n = h + n * E;
+            const T b = Bm[t * N + n], c = C[t * N + n];
+            for (int64_t e = 0; e < E; ++e) {
+                h_n[e] = std::exp(dt_t[e] * a[e]) * h_n[e] + b * dtx[e];
+                y_t[e] += c * h_n[e];
+            }
+        }
+    }
+}
+
+// Gradients of sum(gy * y) for one row. The forward is recomputed, keeping the decays dA and the
+// states H of every step ((L, N, E) each: a few hundred KB at Mamba's sizes), then one pass
+// backwards in time carries G_t = dLoss/dh_t = C_t gy_t + dA_{t+1} G_{t+1}.
+// Outputs: gx, gdt (L, E); gA (N, E), this row's share; gB, gC (L, N).
+template <typename T>
+void backward_row(const T* x, const T* dt, const T* A, const T* Bm, const T* C, const T* gy,
+                  T* gx, T* gdt, T* gA, T* gB, T* gC, int64_t L, int64_t N, int64_t E,
+                  std::vector<T>& dA, std::vector<T>& H, std::vector<T>& G, std::vector<T>& gdtx) {
+    const int64_t S = N * E;
+    for (int64_t t = 0; t < L; ++t) {           // the forward again: dA_t, H_t
+        const T* dt_t = dt + t * E;
+        const T* x_t = x + t * E;
+        for (int64_t n = 0; n < N; ++n) {
+            const T* a = A + n * E;
+            T* dA_tn = dA.data() + t * S + n * E;
+            T* H_tn = H.data() + t * S + n * E;
+            const T* H_prev = t > 0 ? H.data() + (t - 1) * S + n * E : nullptr;
+            const T b = Bm[t * N + n];
+            for (int64_t e = 0; e < E; ++e) {
+                dA_tn[e] = std::exp(dt_t[e] * a[e]);
+                H_tn[e] = (H_prev ? dA_tn[e] * H_prev[e] : T(0)) + b * dt_t[e] * x_t[e];
+            }
+        }
+    }
+    std::memset(gA, 0, sizeof(T) * S);
+    T* g = G.data();
+    for (int64_t t = L - 1; t >= 0; --t) {
+        const T* dt_t = dt + t * E;
+        const T* x_t = x + t * E;
+        const T* gy_t = gy + t * E;
+        T* gd = gdtx.data();                    // dLoss/d(dt_t x_t), (E,)
+        T* gdt_t = gdt + t * E;
+        std::memset(gd, 0, sizeof(T) * E);
+        std::memset(gdt_t, 0, sizeof(T) * E);
+        for (int64_t n = 0; n < N; ++n) {
+            T* g_n = g + n * E;
+            const T* H_tn = H.data() + t * S + n * E;
+            const T* dA_next = t + 1 < L ? dA.data() + (t + 1) * S + n * E : nullptr;
+            const T c = C[t * N + n], b = Bm[t * N + n];
+            T sum_c = 0, sum_b = 0;
+            for (int64_t e = 0; e < E; ++e) {
+                g_n[e] = (dA_next ? dA_next[e] * g_n[e] : T(0)) + c * gy_t[e];   // G_t
+                sum_c += H_tn[e] * gy_t[e];
+                sum_b += g_n[e] * dt_t[e] * x_t[e];
+                gd[e] += b * g_n[e];
+            }
+            gC[t * N + n] = sum_c;
+            gB[t * N + n] = sum_b;
+            if (t > 0) {                        // dLoss/d(dt_t A) = G_t * H_{t-1} * dA_t
+                const T* a = A + n * E;
+                const T* H_prev = H.data() + (t - 1) * S + n * E;
+                const T* dA_tn = dA.data() + t * S + n * E;
+                T* gA_n = gA + n * E;
+                for (int64_t e = 0; e < E; ++e) {
+                    const T q = g_n[e] * H_prev[e] * dA_tn[e];
+                    gdt_t[e] += q * a[e];
+                    gA_n[e] += q * dt_t[e];
+                }
+            }
+        }
+        for (int64_t e = 0; e < E; ++e) {
+            gx[t * E + e] = gd[e] * dt_t[e];
+            gdt_t[e] += gd[e] * x_t[e];
+        }
+    }
+}
+
+template <typename T>
+void forward(const T* x, const T* dt, const T* A, const T* Bm, const T* C, T* y,
+             int64_t rows, int64_t L, int64_t N, int64_t E, int64_t a_per_row) {
+    std::vector<T> h(N * E), dtx(E);
+    for (int64_t r = 0; r < rows; ++r)
+        forward_row(x + r * L * E, dt + r * L * E, A + (a_per_row ? r * N * E : 0), Bm + r * L * N,
+                    C + r * L * N, y + r * L * E, L, N, E, h.data(), dtx.data());
+}
+
+template <typename T>
+void backward(const T* x, const T* dt, const T* A, const T* Bm, const T* C, const T* gy,
+              T* gx, T* gdt, T* gA, T* gB, T* gC, int64_t rows, int64_t L, int64_t N, int64_t E,
+              int64_t a_per_row) {
+    // gA: (rows, N, E), one share per row; the caller sums them where A is shared
+    std::vector<T> dA(L * N * E), H(L * N * E), G(N * E), gdtx(E);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t s = r * L * E, p = r * L * N;
+        backward_row(x + s, dt + s, A + (a_per_row ? r * N * E : 0), Bm + p, C + p, gy + s,
+                     gx + s, gdt + s, gA + r * N * E, gB + p, gC + p, L, N, E, dA, H, G, gdtx);
+    }
+}
+
+}  // namespace
+
+extern "C" {
+void scan_forward_f32(const float* x, const float* dt, const float* A, const float* Bm, const float* C,
+                      float* y, int64_t rows, int64_t L, int64_t N, int64_t E, int64_t a_per_row) {
+    forward(x, dt, A, Bm, C, y, rows, L, N, E, a_per_row);
+}
+void scan_forward_f64(const double* x, const double* dt, const double* A, const double* Bm, const double* C,
+                      double* y, int64_t rows, int64_t L, int64_t N, int64_t E, int64_t a_per_row) {
+    forward(x, dt, A, Bm, C, y, rows, L, N, E, a_per_row);
+}
+void scan_backward_f32(const float* x, const float* dt, const float* A, const float* Bm, const float* C,
+                       const float* gy, float* gx, float* gdt, float* gA, float* gB, float* gC,
+                       int64_t rows, int64_t L, int64_t N, int64_t E, int64_t a_per_row) {
+    backward(x, dt, A, Bm, C, gy, gx, gdt, gA, gB, gC, rows, L, N, E, a_per_row);
+}
+void scan_backward_f64(const double* x, const double* dt, const double* A, const double* Bm, const double* C,
+                       const double* gy, double* gx, double* gdt, double* gA, double* gB, double* gC,
+                       int64_t rows, int64_t L, int64_t N, int64_t E, int64_t a_per_row) {
+    backward(x, dt, A, Bm, C, gy, gx, gdt, gA, gB, gC, rows, L, N, E, a_per_row);
+}
+}
