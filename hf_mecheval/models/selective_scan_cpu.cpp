@@ -43,27 +43,30 @@ void forward_row(const T* x, const T* dt, const T* A, const T* Bm, const T* C, T
     }
 }
 
-// Gradients of sum(gy * y) for one row. The forward is recomputed, keeping the decays dA and the
-// states H of every step ((L, N, E) each: a few hundred KB at Mamba's sizes), then one pass
-// backwards in time carries G_t = dLoss/dh_t = C_t gy_t + dA_{t+1} G_{t+1}.
+// Gradients of sum(gy * y) for one row. The forward is recomputed, keeping the states H of every
+// step ((L, N, E): a few hundred KB at Mamba's sizes, in cache), then one pass backwards in time
+// carries G_t = dLoss/dh_t = C_t gy_t + dA_{t+1} G_{t+1}. The decays dA_t = exp(dt_t A) are
+// recomputed on the way back too, which measured as fast as keeping them in a second (L, N, E)
+// buffer: step t needs dA_t and dA_{t+1}, the previous step's.
 // Outputs: gx, gdt (L, E); gA (N, E), this row's share; gB, gC (L, N).
 template <typename T>
 void backward_row(const T* x, const T* dt, const T* A, const T* Bm, const T* C, const T* gy,
                   T* gx, T* gdt, T* gA, T* gB, T* gC, int64_t L, int64_t N, int64_t E,
-                  std::vector<T>& dA, std::vector<T>& H, std::vector<T>& G, std::vector<T>& gdtx) {
+                  std::vector<T>& H, std::vector<T>& G, std::vector<T>& dA_now, std::vector<T>& dA_next,
+                  std::vector<T>& gdtx) {
     const int64_t S = N * E;
-    for (int64_t t = 0; t < L; ++t) {           // the forward again: dA_t, H_t
+    for (int64_t t = 0; t < L; ++t) {           // the forward again: H_t
         const T* dt_t = dt + t * E;
         const T* x_t = x + t * E;
         for (int64_t n = 0; n < N; ++n) {
             const T* a = A + n * E;
-            T* dA_tn = dA.data() + t * S + n * E;
             T* H_tn = H.data() + t * S + n * E;
-            const T* H_prev = t > 0 ? H.data() + (t - 1) * S + n * E : nullptr;
             const T b = Bm[t * N + n];
-            for (int64_t e = 0; e < E; ++e) {
-                dA_tn[e] = std::exp(dt_t[e] * a[e]);
-                H_tn[e] = (H_prev ? dA_tn[e] * H_prev[e] : T(0)) + b * dt_t[e] * x_t[e];
+            if (t == 0) {
+                for (int64_t e = 0; e < E; ++e) H_tn[e] = b * dt_t[e] * x_t[e];
+            } else {
+                const T* H_prev = H_tn - S;
+                for (int64_t e = 0; e < E; ++e) H_tn[e] = std::exp(dt_t[e] * a[e]) * H_prev[e] + b * dt_t[e] * x_t[e];
             }
         }
     }
@@ -80,11 +83,15 @@ void backward_row(const T* x, const T* dt, const T* A, const T* Bm, const T* C, 
         for (int64_t n = 0; n < N; ++n) {
             T* g_n = g + n * E;
             const T* H_tn = H.data() + t * S + n * E;
-            const T* dA_next = t + 1 < L ? dA.data() + (t + 1) * S + n * E : nullptr;
+            const T* dA_up = dA_next.data() + n * E;                    // dA_{t+1}
             const T c = C[t * N + n], b = Bm[t * N + n];
             T sum_c = 0, sum_b = 0;
+            if (t + 1 < L) {
+                for (int64_t e = 0; e < E; ++e) g_n[e] = dA_up[e] * g_n[e] + c * gy_t[e];   // G_t
+            } else {
+                for (int64_t e = 0; e < E; ++e) g_n[e] = c * gy_t[e];
+            }
             for (int64_t e = 0; e < E; ++e) {
-                g_n[e] = (dA_next ? dA_next[e] * g_n[e] : T(0)) + c * gy_t[e];   // G_t
                 sum_c += H_tn[e] * gy_t[e];
                 sum_b += g_n[e] * dt_t[e] * x_t[e];
                 gd[e] += b * g_n[e];
@@ -93,16 +100,18 @@ void backward_row(const T* x, const T* dt, const T* A, const T* Bm, const T* C, 
             gB[t * N + n] = sum_b;
             if (t > 0) {                        // dLoss/d(dt_t A) = G_t * H_{t-1} * dA_t
                 const T* a = A + n * E;
-                const T* H_prev = H.data() + (t - 1) * S + n * E;
-                const T* dA_tn = dA.data() + t * S + n * E;
+                const T* H_prev = H_tn - S;
+                T* dA_n = dA_now.data() + n * E;
                 T* gA_n = gA + n * E;
                 for (int64_t e = 0; e < E; ++e) {
-                    const T q = g_n[e] * H_prev[e] * dA_tn[e];
+                    dA_n[e] = std::exp(dt_t[e] * a[e]);
+                    const T q = g_n[e] * H_prev[e] * dA_n[e];
                     gdt_t[e] += q * a[e];
                     gA_n[e] += q * dt_t[e];
                 }
             }
         }
+        dA_now.swap(dA_next);                   // dA_t is the next step's dA_{t+1}
         for (int64_t e = 0; e < E; ++e) {
             gx[t * E + e] = gd[e] * dt_t[e];
             gdt_t[e] += gd[e] * x_t[e];
@@ -124,11 +133,11 @@ void backward(const T* x, const T* dt, const T* A, const T* Bm, const T* C, cons
               T* gx, T* gdt, T* gA, T* gB, T* gC, int64_t rows, int64_t L, int64_t N, int64_t E,
               int64_t a_per_row) {
     // gA: (rows, N, E), one share per row; the caller sums them where A is shared
-    std::vector<T> dA(L * N * E), H(L * N * E), G(N * E), gdtx(E);
+    std::vector<T> H(L * N * E), G(N * E), dA_now(N * E), dA_next(N * E), gdtx(E);
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t s = r * L * E, p = r * L * N;
         backward_row(x + s, dt + s, A + (a_per_row ? r * N * E : 0), Bm + p, C + p, gy + s,
-                     gx + s, gdt + s, gA + r * N * E, gB + p, gC + p, L, N, E, dA, H, G, gdtx);
+                     gx + s, gdt + s, gA + r * N * E, gB + p, gC + p, L, N, E, H, G, dA_now, dA_next, gdtx);
     }
 }
 
