@@ -149,10 +149,17 @@ def _sweep(args: argparse.Namespace) -> int:
     root = write_results(sweep, args.out)
     print(format_table(results_table(collect(sweep, args.out), sweep.grid_fields)), end="")
     print(f"{len(outcome['finished'])} runs finished, {len(outcome['skipped'])} already done, "
-          f"{len(outcome['failed'])} failed; results in {root}")
+          + (f"{len(outcome['in_use'])} left to another process training them, " if outcome["in_use"] else "")
+          + f"{len(outcome['failed'])} failed; results in {root}")
+    _print_failed(outcome)
+    return 1 if outcome["failed"] else 0
+
+
+def _print_failed(outcome: dict) -> None:
+    for name in outcome["in_use"]:
+        print(f"in use: {name} is being trained by another process; left to it", file=sys.stderr)
     for line in outcome["failed"]:
         print(f"failed: {line}", file=sys.stderr)
-    return 1 if outcome["failed"] else 0
 
 
 # ------------------------------------------------------------------------------ interventions
@@ -227,8 +234,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"{len(result['runs'])} runs")
         return 0
-    print(f"report: {result['report']}/report.md; failed runs: {len(result['outcome']['failed'])}")
-    return 1 if result["outcome"]["failed"] else 0
+    outcome = result["outcome"]
+    print(f"report: {result['report']}/report.md; failed runs: {len(outcome['failed'])}"
+          + (f"; left to another process: {len(outcome['in_use'])}" if outcome["in_use"] else ""))
+    _print_failed(outcome)
+    return 1 if outcome["failed"] else 0
 
 
 def _workers(text: str) -> str | int:

@@ -129,6 +129,9 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     outcome = train_runs(runs, runs_dir, workers=workers, progress=progress, evaluate=evaluate)
     if outcome["failed"]:
         raise MechEvalError(f"quickstart: {len(outcome['failed'])} run(s) failed: {'; '.join(outcome['failed'])}")
+    if outcome["in_use"]:
+        raise MechEvalError(f"quickstart: {', '.join(outcome['in_use'])} in use by another process (a second "
+                            f"quickstart into the same folder?); run again when it has finished")
     rows = {name: r for (name, _, _), r in zip(MODELS, collect_runs([runs_dir / n for n, _, _ in MODELS]))}
     checks = headline(rows)
     minutes = (time.perf_counter() - started) / 60

@@ -325,8 +325,8 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
     else:
         folders, log = [runs_dir / job.name], runs_dir / f"{job.name}.log"
     busy = _in_use(folders)
-    if busy:    # another process (a sweep killed before it could stop its children?) writes there
-        return {"name": job.name, "runs": job.run_names(), "returncode": 2,
+    if busy:    # another process (a second sweep, or one killed before it could stop its children) writes there
+        return {"name": job.name, "runs": job.run_names(), "returncode": 2, "in_use": True,
                 "log": f"{busy} is in use by another process; its log was left alone"}
     trained = all(RunDir(runs_dir / name).finished for name in job.run_names())   # only its grid is missing
     if trained:
@@ -408,7 +408,7 @@ def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int 
            only: Sequence[str] | None = None, threads: int | None = None) -> dict:
     """Run every unfinished run of the sweep (or of those ``only`` selects, see ``Sweep.select``)
     into ``<out>/<sweep name>/runs`` (see ``train_runs``); returns {"finished", "skipped",
-    "failed"} run names. ``sweep.json`` always records the whole sweep."""
+    "in_use", "failed"} run names. ``sweep.json`` always records the whole sweep."""
     root = Path(out) / sweep.name
     check_launcher(launcher, stack)
     runs = sweep.select(only)
@@ -431,7 +431,8 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     """Train every unfinished run into ``runs_dir/<run name>`` (stacked where ``stack`` allows;
     ``workers`` processes at once with ``threads`` each, see ``plan_workers``), each followed by
     its intervention grid (``mecheval evaluate RUN *evaluate``) unless ``evaluate`` is None;
-    returns {"finished", "skipped", "failed"} run names."""
+    returns {"finished", "skipped", "in_use", "failed"} run names: "in_use" are those another
+    process was training (a second sweep over the same folder): left to it, not failed."""
     check_launcher(launcher, stack)
     workers, threads, devices = plan_workers(workers, threads)
     check_existing_runs(runs, runs_dir)
@@ -446,9 +447,10 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     else:
         results = _launch_ray(jobs, runs_dir, threads, progress, evaluate)
     finished = [name for r in results for name in r["runs"] if RunDir(runs_dir / name).finished]
-    failed = [f"{name} (exit {r['returncode']}, log {r['log']})" for r in results for name in r["runs"]
-              if not RunDir(runs_dir / name).finished]
-    return {"finished": finished, "skipped": skipped, "failed": failed}
+    unfinished = [(name, r) for r in results for name in r["runs"] if not RunDir(runs_dir / name).finished]
+    in_use = [name for name, r in unfinished if r.get("in_use")]
+    failed = [f"{name} (exit {r['returncode']}, log {r['log']})" for name, r in unfinished if not r.get("in_use")]
+    return {"finished": finished, "skipped": skipped, "in_use": in_use, "failed": failed}
 
 
 def check_existing_runs(runs: list[Run], runs_dir: Path) -> None:
