@@ -79,22 +79,23 @@ def test_reference_tables_pick_the_learning_rate_on_validation_and_give_verdicts
           ref("mamba (conv 4)", "mamba", 1e-3, 0.9, 0.9, seed=1, key=0.3, value=0.1, query=0.6, mechanism="direct_key_query"),
           ref("mamba (conv 4)", "mamba", 3e-4, 0.5, 0.5, key=0.5, value=0.0, query=0.4, mechanism="direct_key_query"),
           ref("mamba (conv 4)", "mamba", 3e-3, 0.4, 0.4, key=0.5, value=0.0, query=0.4, mechanism="direct_key_query"),
+          ref("mamba (conv 4)", "mamba", 1e-2, 0.3, 0.3, key=0.5, value=0.0, query=0.4, mechanism="direct_key_query"),
           ref("hyena", "hyena", 1e-3, 0.3, 0.3), ref("baseconv", "baseconv", 1e-3, 0.2, 0.2),
           ref("h3", "h3", 1e-3, 0.6, 0.6)]
     ar += [ref(label, label, 3e-4, 0.1, 0.1) for label in ("hyena", "baseconv", "h3")]
     # a claim waits for both learning rates of its models: with only 1e-3, no verdict yet
     partial = claim_tables({"ref_ar": [r for r in ar if r["learning_rate"] == 1e-3]})
     assert all(line.endswith("| — | not run yet |") for line in partial["ref_verdicts"].splitlines()[2:])
-    # the packaged ref_ar sweep gives Mamba a third rate, 3e-3: its claims wait for it too
-    assert planned_learning_rates()["mamba (conv 4)"] == {1e-3, 3e-4, 3e-3}
+    # the packaged ref_ar sweep gives Mamba two more rates, 3e-3 and 1e-2: its claims wait for them too
+    assert planned_learning_rates()["mamba (conv 4)"] == {1e-3, 3e-4, 3e-3, 1e-2}
     waiting = {line.split(" | ")[0].strip("| "): line for line in claim_tables(
-        {"ref_ar": [r for r in ar if r["learning_rate"] != 3e-3]})["ref_verdicts"].splitlines()[2:]}
+        {"ref_ar": [r for r in ar if r["learning_rate"] != 1e-2]})["ref_verdicts"].splitlines()[2:]}
     assert waiting["Mamba (conv 4) solves AR"].endswith("| — | not run yet |")
     assert waiting["Transformer and Based solve AR"].endswith("**holds** |")
     # a failed Mamba's scores say nothing about its mechanism
     failed = [r for r in ar if r["label"] != "mamba (conv 4)"] + [
         ref("mamba (conv 4)", "mamba", lr, 0.2, 0.2, key=0.8, value=0.1, query=0.0, mechanism="failed")
-        for lr in (1e-3, 3e-4, 3e-3)]
+        for lr in (1e-3, 3e-4, 3e-3, 1e-2)]
     verdict = {line.split(" | ")[0].strip("| "): line
                for line in claim_tables({"ref_ar": failed})["ref_verdicts"].splitlines()[2:]}
     assert verdict["Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1"].endswith("**does not hold** |")
