@@ -35,6 +35,7 @@ def main() -> None:
     A = (-torch.rand(E, STATE, generator=g) * 3).requires_grad_()
     B = torch.randn(BATCH, LENGTH, STATE, generator=g).requires_grad_()
     C = torch.randn(BATCH, LENGTH, STATE, generator=g).requires_grad_()
+    dt_large = (dt.detach() * 1000).requires_grad_()
     answer = torch.full((BATCH, 1), LENGTH - 1)
     ws = ScanWorkspace()
     forms = {
@@ -42,6 +43,9 @@ def main() -> None:
         "compiled, every position": lambda: cpu_kernels.selective_scan_cpu(x, dt, A, B, C),
         "pytorch, answer only": lambda: selective_scan_at(x, dt, A, B, C, answer, ws),
         "compiled, answer only": lambda: cpu_kernels.selective_scan_cpu(x, dt, A, B, C)[:, -1:],
+        # a model at a high learning rate: dt in the hundreds, decays far below exp(-80)
+        "pytorch, large dt": lambda: selective_scan(x, dt_large, A, B, C, ws),
+        "compiled, large dt": lambda: cpu_kernels.selective_scan_cpu(x, dt_large, A, B, C),
     }
     times = {name: [] for name in forms}
     for r in range(args.rounds + 3):                 # 3 warm-up rounds
@@ -57,6 +61,7 @@ def main() -> None:
         print(f"  {name:<26} {m:7.2f}")
     print(f"  every position: pytorch / compiled = {med['pytorch, every position'] / med['compiled, every position']:.1f}x")
     print(f"  answer only:    pytorch / compiled = {med['pytorch, answer only'] / med['compiled, answer only']:.1f}x")
+    print(f"  large dt:       pytorch / compiled = {med['pytorch, large dt'] / med['compiled, large dt']:.1f}x")
 
 
 if __name__ == "__main__":
