@@ -98,9 +98,10 @@ def test_every_command_has_help(command, capsys):
 def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
     assert main(["reproduce", "--preset", "ablation-mamba", "--dry-run"]) == 0
     assert "225 runs" in capsys.readouterr().out
-    # a part of it, by run name: ref_ar's Mamba runs at its four learning rates
+    # a part of it, by run name: ref_ar's Mamba runs at its four learning rates, and two more
+    # seeds at the best
     assert main(["reproduce", "--preset", "ref-ar", "--dry-run", "--only", "mamba_*"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "4 runs"
+    assert capsys.readouterr().out.splitlines()[-1] == "6 runs"
     # the reference ablations: Based's four other short kernels, then Mamba's conv 0-3, at each
     # model's best ref_ar rate
     assert main(["reproduce", "--preset", "ref-ablations", "--dry-run"]) == 0

@@ -70,7 +70,7 @@ def test_sweeps_by_name(installed):
     python, _ = installed
     # (ar_main works the same way; its 735 runs take minutes to check on a CPU)
     out = run(installed, str(python.parent / "mecheval"), "sweep", "reference/ar", "--dry-run").stdout
-    assert out.splitlines()[-1] == "18 runs" and "transformer" in out
+    assert out.splitlines()[-1] == "20 runs" and "transformer" in out
 
 
 @pytest.mark.slow
