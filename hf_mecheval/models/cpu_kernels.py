@@ -58,17 +58,22 @@ def scan_library() -> ctypes.CDLL | None:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode() + _cpu_signature().encode()).hexdigest()[:16]
     library = _cache_dir() / f"selective_scan_cpu-{key}.so"
-    if not library.exists():
-        library.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-            built = Path(tmp) / library.name
-            result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
-            if result.returncode != 0:
-                logger.warning(f"hf-mecheval: compiling {SOURCE.name} failed; Mamba's scan runs on the PyTorch "
-                               f"path:\n{result.stderr[-2000:]}")
-                return None
-            os.replace(built, library)         # atomic: a concurrent build replaces it with the same bytes
-    lib = ctypes.CDLL(str(library))
+    try:
+        if not library.exists():
+            library.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+                built = Path(tmp) / library.name
+                result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
+                                        text=True)
+                if result.returncode != 0:
+                    logger.warning(f"hf-mecheval: compiling {SOURCE.name} failed; Mamba's scan runs on the "
+                                   f"PyTorch path:\n{result.stderr[-2000:]}")
+                    return None
+                os.replace(built, library)     # atomic: a concurrent build replaces it with the same bytes
+        lib = ctypes.CDLL(str(library))
+    except OSError as exc:                     # a cache folder that cannot be written, a library that cannot load
+        logger.warning(f"hf-mecheval: the compiled scan is unavailable ({exc}); Mamba's scan runs on the PyTorch path")
+        return None
     for name in ("scan_forward_f32", "scan_forward_f64", "scan_backward_f32", "scan_backward_f64"):
         getattr(lib, name).restype = None
     return lib

@@ -244,6 +244,11 @@ def test_a_compiler_that_fails_leaves_the_pytorch_path(monkeypatch, tmp_path, ca
     monkeypatch.setenv("CXX", "false")                    # a "compiler" that always fails
     assert cpu_kernels.scan_library.__wrapped__() is None
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
+    # a cache "folder" that is a file (cannot be created): None, not an error
+    monkeypatch.delenv("CXX")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path / "a-file" / "kernels"))
+    assert cpu_kernels.scan_library.__wrapped__() is None
     # no source (a checkpoint's copy of the code) or no compiler at all: None as well
     monkeypatch.setattr(cpu_kernels, "SOURCE", tmp_path / "missing.cpp")
     assert cpu_kernels.scan_library.__wrapped__() is None
