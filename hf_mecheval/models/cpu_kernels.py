@@ -26,7 +26,7 @@ import torch
 from transformers.utils import logging
 
 from .mixers import fold_copies
-from .ops_selective_scan import _row_decays
+from .ops_selective_scan import _row_decays, _state_major, in_scan_precision
 
 logger = logging.get_logger(__name__)
 
@@ -109,39 +109,34 @@ def _run(calls: list) -> None:
 def scan_forward(x, dt, A_ne, Bm, C) -> torch.Tensor:
     """y (B, L, E). x, dt: (B, L, E); A_ne: (N, E) or (B, N, E); Bm, C: (B, L, N); all contiguous,
     of one dtype (float32 or float64), on the CPU."""
-    lib = scan_library()
-    rows, L, E = x.shape
-    N = Bm.shape[-1]
-    per_row = A_ne.dim() == 3
     y = torch.empty_like(x)
-    fn = getattr(lib, f"scan_forward_{_SUFFIX[x.dtype]}")
-
-    def call(a, b):
-        return lambda: fn(_ptr(x[a]), _ptr(dt[a]), _ptr(A_ne[a] if per_row else A_ne), _ptr(Bm[a]), _ptr(C[a]),
-                          _ptr(y[a]), ctypes.c_int64(b - a), ctypes.c_int64(L), ctypes.c_int64(N),
-                          ctypes.c_int64(E), ctypes.c_int64(int(per_row)))
-    _run([call(a, b) for a, b in _split_rows(rows)])
+    _run_rows("scan_forward", [x, dt, A_ne, Bm, C, y])
     return y
 
 
 def scan_backward(x, dt, A_ne, Bm, C, gy):
     """(gx, gdt, gA per row (B, N, E), gB, gC): the gradients of sum(gy * y), same layouts."""
-    lib = scan_library()
-    rows, L, E = x.shape
-    N = Bm.shape[-1]
-    per_row = A_ne.dim() == 3
     gx, gdt = torch.empty_like(x), torch.empty_like(x)
-    gA = x.new_empty(rows, N, E)
+    gA = x.new_empty(x.shape[0], *A_ne.shape[-2:])
     gB, gC = torch.empty_like(Bm), torch.empty_like(C)
-    fn = getattr(lib, f"scan_backward_{_SUFFIX[x.dtype]}")
-
-    def call(a, b):
-        return lambda: fn(_ptr(x[a]), _ptr(dt[a]), _ptr(A_ne[a] if per_row else A_ne), _ptr(Bm[a]), _ptr(C[a]),
-                          _ptr(gy[a]), _ptr(gx[a]), _ptr(gdt[a]), _ptr(gA[a]), _ptr(gB[a]), _ptr(gC[a]),
-                          ctypes.c_int64(b - a), ctypes.c_int64(L), ctypes.c_int64(N), ctypes.c_int64(E),
-                          ctypes.c_int64(int(per_row)))
-    _run([call(a, b) for a, b in _split_rows(rows)])
+    _run_rows("scan_backward", [x, dt, A_ne, Bm, C, gy, gx, gdt, gA, gB, gC])
     return gx, gdt, gA, gB, gC
+
+
+def _run_rows(kernel: str, tensors: list[torch.Tensor]) -> None:
+    """Call ``kernel`` (of x's dtype) once per thread's rows, with a pointer to each tensor's first
+    row there and (rows, L, N, E, A per row): the kernels' calling convention. ``tensors`` has
+    x (B, L, E) first and A (N, E) or (B, N, E) third; every other tensor has one row per batch row."""
+    x, A_ne = tensors[0], tensors[2]
+    rows, L, E = x.shape
+    per_row = A_ne.dim() == 3
+    fn = getattr(scan_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
+
+    def call(a: int, b: int):
+        pointers = [_ptr(A_ne if t is A_ne and not per_row else t[a]) for t in tensors]
+        sizes = (ctypes.c_int64(v) for v in (b - a, L, A_ne.shape[-2], E, int(per_row)))
+        return lambda: fn(*pointers, *sizes)
+    _run([call(a, b) for a, b in _split_rows(rows)])
 
 
 class CpuSelectiveScan(torch.autograd.Function):
@@ -153,8 +148,7 @@ class CpuSelectiveScan(torch.autograd.Function):
     @staticmethod
     def forward(x, dt, A, B, C):
         # x, dt: (B, L, E); A: (E, N) or (B, E, N); B, C: (B, L, N) -> y (B, L, E)
-        return scan_forward(x.contiguous(), dt.contiguous(), A.transpose(-1, -2).contiguous(),
-                                        B.contiguous(), C.contiguous())
+        return scan_forward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous())
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -163,9 +157,8 @@ class CpuSelectiveScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, dt, A, B, C = ctx.saved_tensors
-        gx, gdt, gA, gB, gC = scan_backward(
-            x.contiguous(), dt.contiguous(), A.transpose(-1, -2).contiguous(), B.contiguous(), C.contiguous(),
-            gy.contiguous())
+        gx, gdt, gA, gB, gC = scan_backward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(),
+                                            C.contiguous(), gy.contiguous())
         gA = gA.transpose(1, 2) if A.dim() == 3 else gA.sum(0).T            # (B, E, N) or (E, N)
         return gx, gdt, gA, gB, gC
 
@@ -182,6 +175,7 @@ def selective_scan_cpu(x, dt, A, B, C) -> torch.Tensor:
     """y (B, L, E), as ``selective_scan``, by the compiled kernel (where ``available()``).
     Inputs in a lower precision are scanned in float32; y comes back in x's dtype."""
     dtype = x.dtype
-    if dtype not in (torch.float32, torch.float64) or len({t.dtype for t in (x, dt, A, B, C)}) > 1:
-        x, dt, A, B, C = (t.float() for t in (x, dt, A, B, C))
-    return CpuSelectiveScan.apply(x, dt, A, B, C).to(dtype)
+    inputs = in_scan_precision((x, dt, A, B, C))
+    if len({t.dtype for t in inputs}) > 1:          # the kernels take one dtype
+        inputs = tuple(t.float() for t in inputs)
+    return CpuSelectiveScan.apply(*inputs).to(dtype)

@@ -206,13 +206,19 @@ def _with_workspace(function, workspace: ScanWorkspace | None, *inputs) -> torch
     x's dtype."""
     reuse = workspace is not None and not workspace.busy
     dtype = inputs[0].dtype
-    if any(t.is_floating_point() and t.dtype.itemsize < 4 for t in inputs):
-        # lower precision (e.g. under autocast): the scan itself runs in float32, as mamba-ssm's does
-        inputs = tuple(t.float() if t.is_floating_point() else t for t in inputs)
+    inputs = in_scan_precision(inputs)
     out = function.apply(*inputs, workspace if reuse else None)[0]
     if reuse and torch.is_grad_enabled() and any(t.requires_grad for t in inputs if torch.is_tensor(t)):
         workspace.busy = True
     return out.to(dtype)
+
+
+def in_scan_precision(inputs: tuple) -> tuple:
+    """The scan's inputs, in float32 where any is in a lower precision (e.g. under autocast): the
+    scan itself runs in float32, as mamba-ssm's does."""
+    if any(t.is_floating_point() and t.dtype.itemsize < 4 for t in inputs):
+        return tuple(t.float() if t.is_floating_point() else t for t in inputs)
+    return inputs
 
 
 class SelectiveScanAt(torch.autograd.Function):
