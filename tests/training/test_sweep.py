@@ -264,26 +264,18 @@ def test_a_run_directory_in_use_is_left_alone_with_its_log(tmp_path):
 def test_a_sweep_leaves_runs_in_use_to_their_process_and_says_so(tmp_path, capsys):
     # two sweeps over one folder (e.g. one more process on a free core): the second one reports
     # the run the first is training as left to it, not as failed, and exits 0
-    import fcntl
-    import os
+    import yaml
 
     from hf_mecheval.cli import main
-
-    import yaml
+    from hf_mecheval.io_utils import locked_folder
 
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text(yaml.safe_dump({"name": "tiny", "task": "ar_32", "defaults": BASE,
                                           "grids": [{"architecture": "transformer", "learning_rate": [1e-3, 1e-2]}]}))
     run = Sweep.load(sweep_file).runs[0]
-    folder = tmp_path / "out" / "tiny" / "runs" / run.name
-    folder.mkdir(parents=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked_folder(tmp_path / "out" / "tiny" / "runs" / run.name):    # the first sweep's training child
         code = main(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--workers", "1",
                      "--only", run.name])
-    finally:
-        os.close(fd)
     out, err = capsys.readouterr()
     assert code == 0
     assert "0 runs finished, 0 already done, 1 left to another process training them, 0 failed" in out
