@@ -174,7 +174,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"{args.split} document 0: {result['run']['example']}")
     print(f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {fmt(row['@key'])} "
           f"@value {fmt(row['@value'])} @query {fmt(row['@query'])} -> {row['mechanism']} ({row['confidence']})")
-    print(f"reason: {result['mechanism']['reason']}")
+    print(f"reason: {row['reason']}")
     return 0
 
 

@@ -80,7 +80,7 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
         result = run_dir.interventions()
         if result is not None:
             summary = last_layer_summary(result)
-            del summary["accuracy"]                    # the clean accuracy of the grid's documents
+            del summary["accuracy"], summary["reason"]   # the grid documents' clean accuracy; the label's why
             row.update(summary)
             by = {(c["site"], c["position"]): c for c in result["corruptions"]["key"]["cells"]}
             n_layers = max(c["layer"] for c in result["corruptions"]["key"]["cells"]) + 1

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..io_utils import read_json, write_text_atomic
+from ..metrics.mechanism import relabel
 from ..runs.files import format_score
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
 from .report import figures
@@ -34,8 +35,8 @@ def load_results(results_dir: str | Path) -> dict[str, list[dict]]:
     out = {}
     for sweep in SWEEPS:
         path = results_dir / sweep / "runs.json"
-        if path.exists():
-            out[sweep] = read_json(path, RESULT_ROWS)
+        if path.exists():     # labels by the current rule, whenever the rows were written
+            out[sweep] = [relabel(row) for row in read_json(path, RESULT_ROWS)]
     if not out:
         raise MechEvalError(f"{results_dir} holds no <sweep>/runs.json (expected one of {', '.join(SWEEPS)})")
     return out

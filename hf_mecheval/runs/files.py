@@ -44,8 +44,11 @@ def format_score(value) -> str:
 
 def last_layer_summary(result: dict) -> dict:
     """@key/@value/@query (and their intervals) at the input of the last layer, key corrupted,
-    and the mechanism."""
-    from ..interventions.grid import cell
+    and the mechanism (label, confidence, reason). The mechanism is classified again from the
+    stored cells by the current rule (``metrics.mechanism.classify``), so that runs evaluated
+    before a change of the rule read the same as new ones; the grid's own ``mechanism`` entry
+    keeps what the rule said when it was written."""
+    from ..interventions.grid import cell, mechanism_of
 
     last = max(c["layer"] for c in result["corruptions"]["key"]["cells"])
     site = f"layers.{last}.input"
@@ -54,6 +57,6 @@ def last_layer_summary(result: dict) -> dict:
         c = cell(result, "key", site, p)
         row[f"@{p}"] = c["restoration"] if c else None
         row[f"@{p}_ci"] = c["restoration_ci"] if c else None
-    row["mechanism"] = result["mechanism"]["label"]
-    row["confidence"] = result["mechanism"]["confidence"]
+    mechanism = mechanism_of(result, last + 1)
+    row.update(mechanism=mechanism.label, confidence=mechanism.confidence, reason=mechanism.reason)
     return row

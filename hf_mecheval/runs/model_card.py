@@ -50,7 +50,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         extra["mechanism"] = row["mechanism"]
         mechanism = (f"Key corrupted, residual stream patched at the input of the last layer: restoration "
                      f"@key {format_score(row['@key'])}, @value {format_score(row['@value'])}, @query {format_score(row['@query'])}. Label: "
-                     f"**{row['mechanism']}** ({row['confidence']} confidence) — {result['mechanism']['reason']}.")
+                     f"**{row['mechanism']}** ({row['confidence']} confidence) — {row['reason']}.")
     name = repo_id or run.name
     native = is_native(model.get("architecture") or "")     # transformers' own model: no remote code
     data = ModelCardData(library_name="transformers", license="apache-2.0", model_name=name,

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from hf_mecheval.metrics import bootstrap_interval, per_example_restoration, restoration, summarize_restoration
-from hf_mecheval.metrics.mechanism import classify
+from hf_mecheval.metrics.mechanism import classify, relabel
 
 
 def test_ratio_of_means_by_hand():
@@ -46,6 +46,8 @@ def cells(key, value, query, width=0.0):
     ((0.0, 1.0, 0.0), 0.05, "induction", "high"),
     ((0.05, 0.02, 0.97), 0.05, "direct_query", "high"),
     ((0.45, 0.05, 0.5), 0.05, "direct_key_query", "high"),
+    ((0.95, 0.0, 0.02), 0.03, "direct_key_query", "high"),   # all at the key: still no induction
+    ((0.1, 0.05, 0.5), 0.05, "mixed", "low"),                # too little anywhere
     ((0.0, 0.7, 0.2), 0.2, "induction", "medium"),
     ((0.3, 0.4, 0.3), 0.05, "mixed", "low"),
     ((1.0, 1.0, 0.0), 0.05, "mixed", "low"),            # @key restores too: not the induction signature
@@ -66,3 +68,17 @@ def test_without_intervals_confidence_is_at_most_medium():
     no_ci = {p: {"restoration": v, "restoration_ci": None} for p, v in (("key", 0.0), ("value", 1.0), ("query", 0.0))}
     m = classify(no_ci, clean_accuracy=0.99)
     assert (m.label, m.confidence) == ("induction", "medium") and "no bootstrap intervals" in m.reason
+
+
+def test_rows_written_under_an_older_rule_are_relabelled_and_failed_rows_kept():
+    # a Mamba row that the rule of the time called mixed: all of it at the key, none at the value
+    old = {"@key": 0.95, "@key_ci": [0.93, 0.97], "@value": 0.0, "@value_ci": [0.0, 0.001],
+           "@query": 0.02, "@query_ci": [0.005, 0.03], "mechanism": "mixed", "confidence": "low", "run": "m"}
+    new = relabel(old)
+    assert (new["mechanism"], new["confidence"], new["run"]) == ("direct_key_query", "high", "m")
+    assert old["mechanism"] == "mixed"                                   # the row itself is left alone
+    assert relabel({**old, "@key_ci": None})["confidence"] == "medium"   # no intervals: point estimates
+    # failed rests on the grid's clean accuracy, which a row does not keep: never relabelled
+    failed = {**old, "mechanism": "failed", "confidence": "high"}
+    assert relabel(failed) == failed
+    assert relabel({"run": "not evaluated"}) == {"run": "not evaluated"}
