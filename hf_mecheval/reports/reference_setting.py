@@ -220,12 +220,22 @@ def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[s
     claim("DeltaNet retrieves directly, like the other SSMs", "direct retrieval", [done("deltanet")],
           lambda: mech(ar, "deltanet") in ("direct_query", "direct_key_query"),
           lambda: f"{acc(ar, 'deltanet')}, {mech(ar, 'deltanet')}")
-    mamba_widths = [f"mamba (conv {k})" for k in range(5)]
-    claim("Mamba needs a short convolution of width ≥ 2 (conv 0-1 collapse, 2-4 work)", "6 / 3 / 94 / 92 / 91 %",
-          [l in widths for l in mamba_widths],
-          lambda: all(widths[l].accuracy() <= 0.2 for l in mamba_widths[:2])
-          and all(widths[l].accuracy() >= 0.8 for l in mamba_widths[2:]),
-          lambda: " / ".join(acc(widths, l) for l in mamba_widths))
+    # The width ablation as two claims: how low widths 0-1 fall, and whether 2-3 do as well as the
+    # default 4. Whether conv 4 itself reaches the paper's level is the "solves AR" claim above.
+    conv = {k: f"mamba (conv {k})" for k in range(5)}
+    claim("Mamba with a short convolution of width 0 or 1 collapses (≤ 10 %)", "6 / 3 %",
+          [conv[k] in widths for k in (0, 1)],
+          lambda: all(widths[conv[k]].accuracy() <= 0.1 for k in (0, 1)),
+          lambda: " / ".join(acc(widths, conv[k]) for k in (0, 1)))
+
+    def narrow_works() -> bool:
+        low = max(widths[conv[k]].accuracy() for k in (0, 1))
+        return all(widths[conv[k]].accuracy() >= widths[conv[4]].accuracy() - 0.1
+                   and widths[conv[k]].accuracy() >= low + 0.2 for k in (2, 3))
+
+    claim("Mamba with width 2 or 3 does as well as with 4 (within 10 points) and far better than with "
+          "0 or 1 (by ≥ 20 points)", "94 / 92 / 91 %", [conv[k] in widths for k in range(5)], narrow_works,
+          lambda: " / ".join(acc(widths, conv[k]) for k in (2, 3, 4)))
     easy = atr.get("atr_easy", {})
     claim("ATR: the Transformer uses induction, Mamba (conv 4) does not", "as on AR",
           ["transformer" in easy, "mamba (conv 4)" in easy],
