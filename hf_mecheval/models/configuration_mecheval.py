@@ -17,6 +17,7 @@ from transformers import PreTrainedConfig
 from .errors import ConfigError
 
 KERNEL_CHOICES = ("auto", "torch", "cuda")
+INIT_SCHEMES = ("reference", "normal")
 
 
 def _int(cfg, name, minimum=None, maximum=None, allowed=None):
@@ -68,6 +69,15 @@ class MechEvalConfig(PreTrainedConfig):
     """MLP width (default 4 * hidden_size); unused where the architecture has no MLP."""
     layer_norm_eps: float = 1e-5
     initializer_range: float = 0.02
+    init_scheme: str = "reference"
+    """How a new model's weights are drawn. "reference": as the paper's code (its zoology fork and
+    mamba-ssm) draws them: every linear weight N(0, initializer_range), biases 0, and the block's
+    residual output projections (the MLP's second layer, attention's and Hyena's output) N(0,
+    initializer_range / sqrt(2 * num_hidden_layers)); inside Mamba and Mamba-2 mixers PyTorch's
+    nn.Linear default U(+-1/sqrt(fan_in)) instead, the output projection's then divided by
+    sqrt(num_hidden_layers). Each mixer names its projections in ``reference_init``. "normal": every
+    linear weight N(0, initializer_range), with no exceptions (an ablation: the rule hf-mecheval
+    used before it matched the reference's)."""
     kernels: str = "auto"
     """"auto": fused CUDA kernels where CUDA and the optional packages are present, a compiled C++
     kernel on a CPU where one builds (Mamba's scan), else PyTorch; "torch": always the PyTorch
@@ -104,6 +114,7 @@ class MechEvalConfig(PreTrainedConfig):
         _int(self, "intermediate_size", minimum=1)
         _float(self, "layer_norm_eps", minimum=0, exclusive=True)
         _float(self, "initializer_range", minimum=0)
+        _choice(self, "init_scheme", INIT_SCHEMES)
         _choice(self, "kernels", KERNEL_CHOICES)
 
     def layer_mixers(self) -> list[str]:

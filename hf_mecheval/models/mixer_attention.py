@@ -39,6 +39,8 @@ def causal_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class CausalSelfAttention(nn.Module):
+    reference_init = {"out_proj": "residual"}      # the reference's MHA.out_proj (modeling_mecheval.reference_linear_init)
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.num_heads = config.num_attention_heads

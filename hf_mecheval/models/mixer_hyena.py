@@ -24,6 +24,7 @@ from .registry import ArchitectureSpec, register_architecture
 
 
 class HyenaOperator(nn.Module):
+    reference_init = {"out_proj": "residual"}      # the reference's Hyena.out_proj (modeling_mecheval.reference_linear_init)
 
     def __init__(self, config, layer_idx: int):
         super().__init__()

@@ -34,6 +34,10 @@ from .registry import ArchitectureSpec, register_architecture
 
 
 class MambaMixer(nn.Module):
+    # mamba-ssm keeps nn.Linear's own init for its projections; the reference then redraws out_proj
+    # and divides it by sqrt(num_hidden_layers) (modeling_mecheval.reference_linear_init)
+    reference_init = {"in_proj": "torch_default", "x_proj": "torch_default", "out_proj": "torch_default_residual"}
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         D, E, N, R = config.hidden_size, config.intermediate_ssm_size, config.d_state, config.time_step_rank

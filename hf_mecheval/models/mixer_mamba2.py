@@ -47,6 +47,9 @@ KERNEL_CHUNK_SIZE = 256   # mamba-ssm's default; the chunking changes the blocki
 class Mamba2Mixer(nn.Module):
     """Mamba-2 sequence mixer: (batch, length, hidden) -> (batch, length, hidden)."""
 
+    # as Mamba's (mixer_mamba.py): nn.Linear's own init, out_proj then divided by sqrt(num_hidden_layers)
+    reference_init = {"in_proj": "torch_default", "out_proj": "torch_default_residual"}
+
     accepts_keep = True
 
     def __init__(self, config, layer_idx: int):

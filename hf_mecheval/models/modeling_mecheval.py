@@ -27,6 +27,7 @@ installed (``save_remote_code``).
 """
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -64,6 +65,8 @@ class RMSNorm(nn.Module):
 
 class MLP(nn.Module):
     """d -> intermediate -> d with GELU."""
+
+    reference_init = {"fc_out": "residual"}      # the reference's fc2 (``reference_linear_init``)
 
     def __init__(self, config):
         super().__init__()
@@ -142,6 +145,42 @@ class Block(GradientCheckpointingLayer):
         return r_t, state
 
 
+REFERENCE_INIT_RULE = "_mecheval_reference_init"     # attribute the rule is kept under on each Linear
+
+
+def mark_reference_init(root: nn.Module) -> None:
+    """Tag every Linear that a module under ``root`` names in its ``reference_init`` ({child Linear:
+    rule}) with that rule, for ``_init_weights``: transformers initialises module by module, and
+    only modules that own parameters, so the rule has to live on the Linear itself."""
+    for module in root.modules():
+        for name, rule in getattr(module, "reference_init", {}).items():
+            setattr(getattr(module, name), REFERENCE_INIT_RULE, rule)
+
+
+def reference_linear_init(linear: nn.Linear, rule: str, config) -> None:
+    """Draw a Linear's weight as the reference's code does, by its rule (n = num_hidden_layers):
+
+      "residual":               N(0, initializer_range / sqrt(2n))   (its out_proj / fc2 rule)
+      "torch_default":          U(+-1/sqrt(fan_in))                  (nn.Linear's own init, kept by
+                                                                      mamba-ssm's Mamba)
+      "torch_default_residual": U(+-1/sqrt(fan_in)) / sqrt(n)        (Mamba's out_proj)
+
+    Biases are 0, as everywhere. Loaded weights are left alone (transformers' ``init`` skips them)."""
+    n = config.num_hidden_layers
+    weight = linear.weight                                                     # (out, in)
+    if rule == "residual":
+        init.normal_(weight, mean=0.0, std=config.initializer_range / math.sqrt(2 * n))
+    elif rule in ("torch_default", "torch_default_residual"):
+        bound = 1 / math.sqrt(weight.shape[1])
+        if rule == "torch_default_residual":
+            bound /= math.sqrt(n)
+        init.uniform_(weight, -bound, bound)
+    else:
+        raise ValueError(f"reference_init: unknown rule {rule!r} (residual, torch_default, torch_default_residual)")
+    if linear.bias is not None:
+        init.zeros_(linear.bias)
+
+
 class MechEvalPreTrainedModel(PreTrainedModel):
     config_class = MechEvalConfig
     base_model_prefix = "model"
@@ -152,7 +191,10 @@ class MechEvalPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
+        rule = getattr(module, REFERENCE_INIT_RULE, None) if self.config.init_scheme == "reference" else None
+        if isinstance(module, nn.Linear) and rule is not None:      # a projection the reference draws its own way
+            reference_linear_init(module, rule, self.config)
+        elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -197,6 +239,7 @@ class MechEvalModel(MechEvalPreTrainedModel):
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
+        mark_reference_init(self)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

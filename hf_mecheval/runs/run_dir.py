@@ -159,6 +159,9 @@ def fingerprint(record: dict) -> dict:
     model, task, training = (record.get(k) if isinstance(record.get(k), dict) else {}
                              for k in ("model", "task", "training"))
     flat = {f"model.{k}": v for k, v in model.items() if k not in IGNORED_MODEL_FIELDS}
+    if str(model.get("model_type", "")).startswith("mecheval-"):
+        # records from before init_scheme existed: their models were drawn the "normal" way
+        flat.setdefault("model.init_scheme", "normal")
     flat.update({f"task.{k}": task.get(k) for k in ("preset", "train_size", "eval_size", "dataset_seed")})
     config = task.get("config") if isinstance(task.get("config"), dict) else {}
     flat.update({f"task.config.{k}": v for k, v in config.items()})

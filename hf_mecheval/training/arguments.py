@@ -1,6 +1,7 @@
 """Command-line / config-file arguments of a training run (``HfArgumentParser`` dataclasses).
 
-Defaults are the reference recipe (the paper's training setup): AdamW, weight decay 0, betas (0.9, 0.999), cosine
+Defaults are the reference recipe (the paper's training setup): AdamW, weight decay 0, betas (0.9, 0.999), no
+gradient clipping, the reference's initialisation (``init_scheme``), cosine
 schedule with 10 % linear warm-up (linear decay for atr_gen and atr_sibling, as the reference:
 the preset says so and ``parse`` applies it unless --lr_scheduler_type is given), batch 32, fp32,
 answer-only loss, 100 032 training documents, 16 epochs for AR and 32 for ATR, evaluation on
@@ -38,6 +39,9 @@ class ModelArguments:
         default=None, metadata={"help": "learned positions (0 = none); default: the architecture's "
                                         "(1024 for the Transformer, 0 otherwise)"})
     kernels: str = dataclasses.field(default="auto", metadata={"help": "auto, torch or cuda"})
+    init_scheme: str | None = dataclasses.field(
+        default=None, metadata={"help": "how new weights are drawn: reference (the paper's code; the default) or "
+                                        "normal (every linear weight N(0, 0.02): an ablation)"})
     model_config: str = dataclasses.field(
         default="{}", metadata={"help": 'JSON object of further config fields, e.g. \'{"conv_kernel": 0}\''})
 
@@ -55,6 +59,11 @@ class ModelArguments:
                                               f"{', '.join(known)}")
         fields = {"hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
                   "kernels": self.kernels, **extra}
+        if self.init_scheme is not None:
+            if "init_scheme" in extra and extra["init_scheme"] != self.init_scheme:
+                raise ConfigError("init_scheme", f"--init_scheme {self.init_scheme} and --model_config's "
+                                                 f"init_scheme {extra['init_scheme']!r} disagree; give one")
+            fields["init_scheme"] = self.init_scheme
         if self.max_position_embeddings is not None:
             fields["max_position_embeddings"] = self.max_position_embeddings
         return fields
@@ -67,6 +76,9 @@ class ModelArguments:
             if "vocab_size" in extra:
                 raise ConfigError("model_config", "vocab_size comes from the task; set the task's vocabulary "
                                                   "instead (--task / --task_config)")
+            if self.init_scheme is not None:
+                raise ConfigError("init_scheme", f"applies to hf-mecheval's architectures, not to {self.architecture} "
+                                                 "(transformers' own model initialises itself)")
             return native_config(self.architecture, vocab_size=vocab_size, hidden_size=self.hidden_size,
                                  num_hidden_layers=self.num_hidden_layers,
                                  max_position_embeddings=self.max_position_embeddings, extra=extra)
@@ -112,6 +124,8 @@ class MechEvalTrainingArguments(TrainingArguments):
     lr_scheduler_type: str = "cosine"
     warmup_steps: float = 0.1
     weight_decay: float = 0.0
+    max_grad_norm: float = dataclasses.field(
+        default=0.0, metadata={"help": "gradient clipping (0 = none, as the reference; transformers' default is 1)"})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     per_device_train_batch_size: int = 32
