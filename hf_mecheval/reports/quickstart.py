@@ -9,7 +9,8 @@ arguments asked for now: a ``--tiny`` folder is refused for the full quickstart,
 
 The reduced setting (``SETTING``): AR with 32 keys and 32 values (``num_kv`` 64), 4 pairs per
 document (13 tokens), 2 layers of width 64, 24 000 training documents, reference recipe
-otherwise; learning rate and epochs per architecture from ``LEARNING_RATES`` / ``EPOCHS``
+otherwise but for its initialisation and clipping (every linear weight N(0, 0.02), clipping at 1.0:
+the rule it was calibrated under); learning rate and epochs per architecture from ``LEARNING_RATES`` / ``EPOCHS``
 (chosen on validation accuracy in calibration runs, see there); H3 with state size 64 instead of
 1024 (its kernel costs O(d_state) per channel and position). Interventions on 256 test documents.
 """
@@ -24,8 +25,11 @@ from ..io_utils import write_text_atomic
 from ..runs.files import format_score
 from .report import collect_runs, markdown_table, write_report
 
+# The quickstart's rates and epochs were calibrated under hf-mecheval's earlier rule (every linear
+# weight N(0, 0.02), gradients clipped at 1.0), so it keeps that rule (its figures in the README
+# hold for it) until it is calibrated again under the reference's initialisation and no clipping.
 SETTING = {"task": "ar_32", "task_config": {"num_kv": 64, "num_pairs": 4}, "train_size": 24000, "eval_size": 256,
-           "hidden_size": 64, "num_hidden_layers": 2}
+           "hidden_size": 64, "num_hidden_layers": 2, "init_scheme": "normal", "max_grad_norm": 1.0}
 TINY = {"task": "ar_32", "task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 256, "eval_size": 32,
         "max_steps": 20, "hidden_size": 16, "num_hidden_layers": 2}
 
@@ -67,6 +71,9 @@ def _train_args(name: str, arch: str, extra: dict, setting: dict) -> dict:
     if "max_position_embeddings" in config:
         args["max_position_embeddings"] = config.pop("max_position_embeddings")
     args["model_config"] = config
+    for key in ("init_scheme", "max_grad_norm"):
+        if key in setting:
+            args[key] = setting[key]
     if "max_steps" in setting:
         args["max_steps"] = setting["max_steps"]
     else:

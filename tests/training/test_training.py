@@ -85,6 +85,28 @@ def test_same_seed_same_losses(tmp_path):
     assert state["total_flos"] == 40 * 6 * tokens * model.num_parameters(exclude_embeddings=True)
 
 
+def test_the_reference_recipe_does_not_clip_gradients(tmp_path, monkeypatch):
+    """The reference trains with no gradient clipping (transformers' default would clip at 1.0):
+    the Trainer's clipping is never called, yet clipping at 1 is one flag away and does change
+    the run (its gradient norms pass 1 here)."""
+    from hf_mecheval.training.trainer import MechEvalTrainer
+
+    calls = []
+    clip = MechEvalTrainer._clip_grad_norm
+    monkeypatch.setattr(MechEvalTrainer, "_clip_grad_norm", lambda self, model: calls.append(1) or clip(self, model))
+    fast = ("--learning_rate", "3e-2")
+    assert main(run_args(tmp_path / "reference", *SHORT, *fast)) == 0
+    record = json.loads((tmp_path / "reference" / "run.json").read_text())
+    assert calls == [] and record["training"]["max_grad_norm"] == 0.0
+    assert record["model"]["init_scheme"] == "reference"
+    assert main(run_args(tmp_path / "clipped", *SHORT, *fast, "--max_grad_norm", "1")) == 0
+    assert len(calls) == 40
+    norms = [e["grad_norm"] for e in json.loads((tmp_path / "reference" / "metrics.json").read_text())["history"]
+             if "grad_norm" in e]
+    assert max(norms) > 1
+    assert losses(tmp_path / "clipped") != losses(tmp_path / "reference")
+
+
 class StopAt(TrainerCallback):
     """Simulates a run killed right after its checkpoint at `step`."""
 
