@@ -29,6 +29,7 @@ from ..errors import MechEvalError  # noqa: E402
 from ..io_utils import write_text_atomic  # noqa: E402
 from ..runs import RunDir  # noqa: E402
 from ..runs.files import format_score, last_layer_summary  # noqa: E402
+from ..runs.run_dir import init_scheme_of  # noqa: E402
 from .plots import save_figure  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
@@ -70,6 +71,7 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
                "conv_kernel": model.get("conv_kernel", model.get("short_conv_kernel")),
                "task": record["task"]["preset"], "learning_rate": record["training"].get("learning_rate"),
                "seed": record["training"].get("seed"),
+               "init_scheme": init_scheme_of(model), "max_grad_norm": record["training"].get("max_grad_norm"),
                "validation_accuracy": final["validation_accuracy"], "test_accuracy": final["test_accuracy"],
                "train_seconds": _train_seconds(metrics)}
         # written by runs since the wall clock and the test head exist (training.callbacks.TrainingClock)

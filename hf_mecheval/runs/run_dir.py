@@ -154,14 +154,21 @@ RESULT_TRAINING_FIELDS = (
 IGNORED_MODEL_FIELDS = ("transformers_version",)
 
 
+def init_scheme_of(model: dict) -> str | None:
+    """A run record's model ``init_scheme``; our models recorded before the field existed were
+    drawn the "normal" way (every linear weight N(0, 0.02)); None for transformers' own models."""
+    if "init_scheme" in model:
+        return model["init_scheme"]
+    return "normal" if str(model.get("model_type", "")).startswith("mecheval-") else None
+
+
 def fingerprint(record: dict) -> dict:
     """What decides a run's result, from its run.json record (flat ``section.field`` keys)."""
     model, task, training = (record.get(k) if isinstance(record.get(k), dict) else {}
                              for k in ("model", "task", "training"))
     flat = {f"model.{k}": v for k, v in model.items() if k not in IGNORED_MODEL_FIELDS}
-    if str(model.get("model_type", "")).startswith("mecheval-"):
-        # records from before init_scheme existed: their models were drawn the "normal" way
-        flat.setdefault("model.init_scheme", "normal")
+    if init_scheme_of(model) is not None:
+        flat["model.init_scheme"] = init_scheme_of(model)
     flat.update({f"task.{k}": task.get(k) for k in ("preset", "train_size", "eval_size", "dataset_seed")})
     config = task.get("config") if isinstance(task.get("config"), dict) else {}
     flat.update({f"task.config.{k}": v for k, v in config.items()})
