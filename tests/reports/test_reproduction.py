@@ -184,3 +184,22 @@ def test_the_reference_recipe_and_the_earlier_one_stand_side_by_side():
     assert verdict["Mamba (conv 4) solves AR"].endswith("| 90.0 % | **holds** | 57.0 % | **does not hold** |")
     # the reference recipe's claims about other models wait for their runs
     assert verdict["Transformer and Based solve AR"].split(" | ")[2:4] == ["—", "not run yet"]
+
+
+def test_reference_figures_are_written_for_the_rows_present(tmp_path):
+    from hf_mecheval.reports.reference_figures import reference_figures
+
+    def run(label, arch, lr, acc, recipe, seed=0, task="ar_32", **extra):
+        return {**row(label, arch, acc, seed, task=task, key=0.1, value=0.0, query=0.9, mechanism="direct_query",
+                      **recipe, **extra), "learning_rate": lr, "@key_ci": [0.05, 0.15], "@query_ci": [0.8, 1.0],
+                "@value_ci": [-0.01, 0.01]}
+    new, old = {"init_scheme": "reference", "max_grad_norm": 0.0}, {}
+    ar = [run("mamba (conv 4)", "mamba", lr, acc, new) for lr, acc in ((1e-2, 0.75), (3e-3, 0.6))]
+    ar += [run("mamba (conv 4)", "mamba", 3e-3, 0.57, old), run("transformer", "transformer", 1e-3, 1.0, old)]
+    made = reference_figures({"ref_recipe_ar": ar[:2], "ref_ar": ar[2:]}, tmp_path)
+    assert sorted(p.name for p in made) == ["accuracy_ar.png", "scatter_query_key.png", "scatter_value_query.png"]
+    ablations = [run("mamba (conv 2)", "mamba", 1e-2, 0.8, new), run("based (conv long)", "based", 1e-3, 0.02, old)]
+    atr = [run("transformer", "transformer", 1e-3, 0.95, new, task="atr_easy")]
+    made = reference_figures({"ref_recipe_ar": ar, "ref_recipe_ablations": ablations, "ref_recipe_atr": atr}, tmp_path)
+    assert {p.name for p in made} >= {"conv_width.png", "accuracy_atr_easy.png"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in made)
