@@ -18,6 +18,18 @@ from .errors import ConfigError
 
 KERNEL_CHOICES = ("auto", "torch", "cuda")
 INIT_SCHEMES = ("reference", "normal")
+FILTER_FORMS = ("reference", "mecheval-v1")
+"""Forms of Hyena's implicit filter (``filter_form``) and of BaseConv's implicit long convolution
+(``long_conv_form``): the paper's reference code's, or hf-mecheval's first."""
+FORM_FIELDS = ("filter_form", "long_conv_form")
+"""The config fields that choose a form (``--mixer_forms`` sets whichever an architecture has)."""
+LONG_FILTER_ORDER = {"reference": 16, "mecheval-v1": 64}
+"""Each long-convolution form's default MLP width (``long_filter_order``)."""
+
+
+def _default_long_filter_order(cfg) -> None:
+    if cfg.long_filter_order is None:
+        cfg.long_filter_order = LONG_FILTER_ORDER.get(cfg.long_conv_form, LONG_FILTER_ORDER["reference"])
 
 
 def _int(cfg, name, minimum=None, maximum=None, allowed=None):
@@ -90,6 +102,18 @@ class MechEvalConfig(PreTrainedConfig):
     # What the backbone needs to know; architecture configs override these.
     use_mlp = True
     block_norm = "layernorm"  # or "rmsnorm"
+    # Fields added after checkpoints were saved without them, with the value those checkpoints
+    # were built with where it differs from today's default (``from_dict``); architecture configs
+    # add their own.
+    LEGACY_FIELDS = {"init_scheme": "normal"}
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """transformers' ``from_dict``, reading a saved config (it names its ``transformers_version``)
+        that predates a field of ``LEGACY_FIELDS`` as what its checkpoint was built with."""
+        if "transformers_version" in config_dict:
+            config_dict = {**cls.LEGACY_FIELDS, **config_dict}
+        return super().from_dict(config_dict, **kwargs)
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -146,16 +170,29 @@ class BasedConfig(MechEvalConfig):
     short_conv_kernel: int | str = 3
     feature_dim: int = 8
     num_attention_heads: int = 1
-    long_filter_order: int = 64
-    """Width of the MLP that parameterises implicit long filters."""
+    long_conv_form: str = "reference"
+    """Form of the implicit long convolution (``short_conv_kernel`` "long"): "reference" = the
+    reference's: h ∗ u + u with h an MLP Linear - ReLU - Linear over fixed positional features;
+    "mecheval-v1" = hf-mecheval's first: h ∗ u + a trainable bias, h a sine MLP (the checkpoints
+    made before this field existed). See ``mixer_base_conv.py``."""
+    long_filter_order: int | None = None
+    """Width of the MLP that parameterises implicit long filters; default: the form's
+    (``LONG_FILTER_ORDER``: 16 for "reference", as the reference; 64 for "mecheval-v1")."""
     max_filter_length: int = 1024
     """Longest sequence an implicit long filter is defined for."""
+
+    LEGACY_FIELDS = {**MechEvalConfig.LEGACY_FIELDS, "long_conv_form": "mecheval-v1"}
+
+    def __post_init__(self, **kwargs):
+        _default_long_filter_order(self)
+        super().__post_init__(**kwargs)
 
     def validate_fields(self) -> None:
         super().validate_fields()
         if self.short_conv_kernel != "long":
             _int(self, "short_conv_kernel", allowed=(1, 2, 3, 4, 5, 6, 7, 8))
         _int(self, "feature_dim", minimum=1)
+        _choice(self, "long_conv_form", FILTER_FORMS)
         _int(self, "long_filter_order", minimum=1)
         _int(self, "max_filter_length", minimum=2)
         _divides_hidden(self, "num_attention_heads")
@@ -173,12 +210,23 @@ class BaseConvConfig(MechEvalConfig):
 
     model_type = "mecheval-baseconv"
     kernel_schedule: list = None
-    long_filter_order: int = 64
+    long_conv_form: str = "reference"
+    """Form of the "long" layers' implicit long convolution: "reference" = the reference's
+    (``ImplicitLongConvolution``): h ∗ u + u with h an MLP Linear - ReLU - Linear over fixed
+    positional features; "mecheval-v1" = hf-mecheval's first: h ∗ u + a trainable bias, h a sine
+    MLP (the checkpoints made before this field existed). See ``mixer_base_conv.py``."""
+    long_filter_order: int | None = None
+    """Width of the MLP that parameterises implicit long filters; default: the form's
+    (``LONG_FILTER_ORDER``: 16 for "reference", as the reference; 64 for "mecheval-v1")."""
     max_filter_length: int = 1024
+    """Longest sequence an implicit long filter is defined for."""
+
+    LEGACY_FIELDS = {**MechEvalConfig.LEGACY_FIELDS, "long_conv_form": "mecheval-v1"}
 
     def __post_init__(self, **kwargs):
         if self.kernel_schedule is None:
             self.kernel_schedule = [3, "long"]
+        _default_long_filter_order(self)
         super().__post_init__(**kwargs)
 
     def validate_fields(self) -> None:
@@ -188,6 +236,7 @@ class BaseConvConfig(MechEvalConfig):
         for k in self.kernel_schedule:
             if k != "long" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
                 raise ConfigError("kernel_schedule", f"entries must be widths >= 1 or 'long', got {k!r}")
+        _choice(self, "long_conv_form", FILTER_FORMS)
         _int(self, "long_filter_order", minimum=1)
         _int(self, "max_filter_length", minimum=2)
 
@@ -221,15 +270,28 @@ class HyenaConfig(MechEvalConfig):
 
     model_type = "mecheval-hyena"
     short_conv_kernel: int = 3
+    filter_form: str = "reference"
+    """Form of the implicit filter and long convolution. "reference" = the paper's reference code's:
+    no skip term (h ∗ v), an MLP with two inner layers and one shared sine frequency over
+    trainable positional features, decay slowest in channel 0; "mecheval-v1" = hf-mecheval's
+    first: a trainable skip (h ∗ v + bias * v), one inner layer, two sine frequencies, fixed
+    features, decay fastest in channel 0 (the checkpoints made before this field existed). See
+    ``mixer_hyena.py``."""
     filter_order: int = 64
+    """Width of the filter's MLP."""
     filter_emb_dim: int = 3
+    """Positional features the filter's MLP reads: the time and (emb_dim - 1) / 2 sine/cosine pairs."""
     filter_sine_freq: float = 1.0
+    """Initial frequency of the filter's sine activations."""
     max_filter_length: int = 1024
     """Longest sequence the implicit filter is defined for."""
+
+    LEGACY_FIELDS = {**MechEvalConfig.LEGACY_FIELDS, "filter_form": "mecheval-v1"}
 
     def validate_fields(self) -> None:
         super().validate_fields()
         _int(self, "short_conv_kernel", minimum=1)
+        _choice(self, "filter_form", FILTER_FORMS)
         _int(self, "filter_order", minimum=1)
         _int(self, "filter_emb_dim", minimum=3)
         if self.filter_emb_dim % 2 == 0:

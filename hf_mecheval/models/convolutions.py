@@ -1,5 +1,15 @@
 """Convolutions shared by the mixers: short causal depthwise convolutions, long causal
-convolutions (direct and FFT, tested against each other), and implicit long filters."""
+convolutions (direct and FFT, tested against each other), and implicit long filters.
+
+Implicit long filters, all over the positional features of :func:`positional_features`:
+
+* :class:`HyenaFilter`: Hyena's filter as the paper's reference code builds it (Hyena's
+  ``filter_form`` "reference");
+* :class:`ImplicitLongConv`: the reference's implicit long convolution of BaseConv's "long" layers
+  (and Based's "long only" ablation; ``long_conv_form`` "reference");
+* :class:`ImplicitFilter`: hf-mecheval's first filter, used by both until then (the
+  "mecheval-v1" forms, kept so that the checkpoints made with it load and compute as before).
+"""
 from __future__ import annotations
 
 import math
@@ -123,17 +133,141 @@ class Sin(nn.Module):
 
     def __init__(self, dim: int, freq: float = 1.0):
         super().__init__()
+        self.init_freq = freq
         self.freq = nn.Parameter(freq * torch.ones(1, dim))
+
+    @torch.no_grad()
+    def init_mecheval_parameters(self) -> None:
+        """freq = its initial value (the model's ``_init_weights`` calls this where it was not
+        loaded, e.g. a model built on the meta device)."""
+        self.freq.fill_(self.init_freq)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sin(self.freq * x)
 
 
-class ImplicitFilter(nn.Module):
-    """A long convolution kernel given by a small MLP over positional features (Hyena, and
-    BaseConv's "long" layers).
+def positional_features(length: int, max_length: int, emb_dim: int = 3, device=None, dtype=None,
+                        single_band_freq: float = 1e-4) -> torch.Tensor:
+    """The positional features every implicit filter is a function of, at positions p < length of
+    a filter defined up to ``max_length`` = T positions:
 
-    z(t) = [t / (T-1), cos(2π f t / T), sin(-2π f t / T) for f = 1..(emb_dim-1)/2]   (T, emb_dim)
+        z(p) = [p / (T-1), cos(2π f_k p / T) for k < K, -sin(2π f_k p / T) for k < K]   (length, emb_dim)
+
+    with K = (emb_dim - 1) / 2 bands at f = linspace(1e-4, K - 1, K), as the reference computes
+    them (the real and imaginary parts of exp(-i 2π f p / T)). For emb_dim 3 (one band) that is
+    the single frequency 1e-4, under which cos ≈ 1 and -sin ≈ 0 over the whole filter: in effect
+    the filter sees the time p / (T-1) alone. hf-mecheval's first filter (:class:`ImplicitFilter`)
+    used f = 1 for a single band: ``single_band_freq`` = 1.0."""
+    T = max_length
+    pos = torch.arange(length, device=device, dtype=dtype)[:, None]        # (L, 1)
+    bands = (emb_dim - 1) // 2
+    f = torch.linspace(1e-4, bands - 1, bands, device=device, dtype=dtype)[None] if bands > 1 \
+        else torch.full((1, 1), single_band_freq, device=device, dtype=dtype)   # (1, K)
+    angle = 2 * math.pi * f * pos / T                                       # (L, K)
+    return torch.cat([pos / (T - 1), torch.cos(angle), torch.sin(-angle)], dim=-1)   # (L, emb_dim)
+
+
+def decay_window(channels: int, length: int, max_length: int, device=None, dtype=None,
+                 fast_decay: float = 0.3, slow_decay: float = 1.5, target: float = 1e-2) -> torch.Tensor:
+    """The reference Hyena filter's exponential decay (its ``ExponentialModulation``), fixed:
+
+        window[c, p] = exp(-|delta_c| * p / (T-1)),   delta = linspace(ln(target) / slow_decay,
+                                                                       ln(target) / fast_decay, channels)
+
+    Rates grow linearly across channels: channel 0 decays slowest (its response falls to ``target``
+    after ``slow_decay`` times the maximum length T: rate ln(100) / 1.5 ≈ 3.07), the last channel
+    fastest (after ``fast_decay`` of it: ≈ 15.35). Returns (channels, length)."""
+    delta = torch.linspace(math.log(target) / slow_decay, math.log(target) / fast_decay, channels,
+                           device=device, dtype=dtype)                         # (C,)
+    t = torch.arange(length, device=device, dtype=dtype) / (max_length - 1)   # (L,)
+    return torch.exp(-delta.abs()[:, None] * t[None])                         # (C, L)
+
+
+class HyenaFilter(nn.Module):
+    """Hyena's implicit long filter in the reference's form (its ``HyenaFilter``, order 2):
+
+        z = trainable positional features, (T, emb_dim), initialised to ``positional_features``
+        h(p) = W_out s(W_2 s(W_1 s(W_in z(p) + b_in) + b_1) + b_2)      s(x) = sin(freq * x)
+        kernel[c, p] = h(p)[c] * window[c, p]                           ``decay_window``
+
+    Each W is a Linear (W_out: order -> channels without bias); the three activations are ONE
+    :class:`Sin` module, so they share one trainable frequency vector (1, order). ``forward(L)``
+    uses the first L rows of z and returns the kernel (channels, L). z is a parameter (trained by
+    the model's optimizer, as every other), redrawn by :meth:`init_mecheval_parameters` wherever it
+    was not loaded; the window is fixed and recomputed on the fly (see :class:`ImplicitFilter`).
+    """
+
+    def __init__(self, channels: int, max_length: int, order: int = 64, emb_dim: int = 3,
+                 sine_freq: float = 1.0, inner_layers: int = 2, fast_decay: float = 0.3,
+                 slow_decay: float = 1.5, target: float = 1e-2):
+        super().__init__()
+        self.channels, self.max_length, self.emb_dim = channels, max_length, emb_dim
+        self.fast_decay, self.slow_decay, self.target = fast_decay, slow_decay, target
+        self.z = nn.Parameter(torch.empty(max_length, emb_dim))
+        self.sin = Sin(order, sine_freq)                        # shared by all three activations
+        self.input_proj = nn.Linear(emb_dim, order)
+        self.inner = nn.ModuleList(nn.Linear(order, order) for _ in range(inner_layers))
+        self.output_proj = nn.Linear(order, channels, bias=False)
+        self.init_mecheval_parameters()
+
+    @torch.no_grad()
+    def init_mecheval_parameters(self) -> None:
+        """z = the positional features of every position up to the maximum length."""
+        self.z.copy_(positional_features(self.max_length, self.max_length, self.emb_dim,
+                                         device=self.z.device, dtype=self.z.dtype))
+
+    def forward(self, length: int) -> torch.Tensor:
+        if length > self.max_length:
+            raise ValueError(f"sequence length {length} exceeds the implicit filter's maximum {self.max_length}")
+        h = self.sin(self.input_proj(self.z[:length]))          # (L, order)
+        for linear in self.inner:
+            h = self.sin(linear(h))                              # (L, order)
+        h = self.output_proj(h)                                  # (L, C)
+        window = decay_window(self.channels, length, self.max_length, device=self.z.device, dtype=self.z.dtype,
+                              fast_decay=self.fast_decay, slow_decay=self.slow_decay, target=self.target)
+        return h.T * window                                      # (C, L)
+
+
+class ImplicitLongConv(nn.Module):
+    """The reference's implicit long convolution (its ``ImplicitLongConvolution``), with its skip:
+
+        z = positional_features (fixed), (L, emb_dim)
+        kernel = MLP(z)^T, (channels, L)      MLP: Linear(emb_dim, hidden) - ReLU - Linear(hidden, channels)
+        y[t] = sum_{s <= t} kernel[:, t - s] * u[s] + u[t]
+
+    No decay window and no further bias (the MLP's last Linear has one). The features are
+    recomputed on the fly (tiny), as :class:`ImplicitFilter` explains."""
+
+    def __init__(self, channels: int, max_length: int, hidden: int = 16, emb_dim: int = 3):
+        super().__init__()
+        self.channels, self.max_length, self.emb_dim = channels, max_length, emb_dim
+        self.mlp = nn.Sequential(nn.Linear(emb_dim, hidden), nn.ReLU(), nn.Linear(hidden, channels))
+
+    def kernel(self, length: int) -> torch.Tensor:
+        if length > self.max_length:
+            raise ValueError(f"sequence length {length} exceeds the implicit filter's maximum {self.max_length}")
+        w = self.mlp[0].weight
+        z = positional_features(length, self.max_length, self.emb_dim, device=w.device, dtype=w.dtype)
+        return self.mlp(z).T                                                   # (C, L)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        # u: (B, L, C) -> (B, L, C)
+        return causal_conv(u, self.kernel(u.shape[1])) + u
+
+    def step(self, u_t: torch.Tensor, history: torch.Tensor | None):
+        """u_t: (B, C); history: (B, t-1, C) every earlier input (None = none). Returns (y_t, history)."""
+        history = u_t[:, None] if history is None else torch.cat([history, u_t[:, None]], dim=1)  # (B, t, C)
+        kernel = self.kernel(history.shape[1]).flip(-1)                        # (C, t): column s = tap for lag t-1-s
+        return (history * kernel.T).sum(1) + u_t, history
+
+
+class ImplicitFilter(nn.Module):
+    """A long convolution kernel given by a small MLP over positional features: hf-mecheval's
+    first filter, kept as Hyena's ``filter_form`` and BaseConv's ``long_conv_form`` "mecheval-v1"
+    (the reference forms are :class:`HyenaFilter` and :class:`ImplicitLongConv`).
+
+    z(t) = [t / (T-1), cos(2π f t / T), sin(-2π f t / T)]   (T, emb_dim), f as ``positional_features``
+           but f = 1 for a single band (emb_dim 3)
     h(t) = MLP(z(t)) * window(t)   -> kernel (channels, T)
     MLP: Linear(emb_dim, order) - Sin - Linear(order, order) - Sin - Linear(order, channels, no bias).
     With ``decay``, window(t) = exp(-alpha_c * t / T) with rates alpha_c spread log-uniformly
@@ -157,13 +291,8 @@ class ImplicitFilter(nn.Module):
     # the fly (tiny) rather than kept as buffers, so that models built on the meta device (as
     # from_pretrained does) need nothing re-initialised.
     def positional_features(self, length: int, device, dtype) -> torch.Tensor:
-        T = self.max_length
-        pos = torch.arange(length, device=device, dtype=dtype)[:, None]        # (L, 1)
-        bands = (self.emb_dim - 1) // 2
-        f = torch.linspace(1e-4, bands - 1, bands, device=device, dtype=dtype)[None] if bands > 1 \
-            else torch.ones(1, 1, device=device, dtype=dtype)
-        angle = 2 * math.pi * f * pos / T
-        return torch.cat([pos / (T - 1), torch.cos(angle), torch.sin(-angle)], dim=-1)   # (L, emb_dim)
+        return positional_features(length, self.max_length, self.emb_dim, device=device, dtype=dtype,
+                                   single_band_freq=1.0)                   # (L, emb_dim)
 
     def window(self, length: int, device, dtype) -> torch.Tensor:
         if not self.decay:

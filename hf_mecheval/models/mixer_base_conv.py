@@ -1,14 +1,21 @@
 """BaseConv (Arora et al. 2023, "Zoology"): ``y = conv(u) * Linear(u) + u``.
 
-The convolution is a short causal depthwise convolution of width k, or an implicit long
-convolution (MLP over sinusoidal positional features, no decay window, computed by
-``causal_conv``) when the layer's kernel is ``"long"``."""
+The convolution is a short causal depthwise convolution of width k, or, when the layer's kernel is
+``"long"``, an implicit long convolution (computed by ``causal_conv``) in one of two forms, chosen
+by the config's ``long_conv_form``:
+
+* "reference" (the default): the reference's ``ImplicitLongConvolution``
+  (:class:`ImplicitLongConv`): conv(u) = h ∗ u + u, with h = MLP(z)^T, an MLP Linear - ReLU -
+  Linear of width ``long_filter_order`` over fixed positional features z, no decay window;
+* "mecheval-v1": hf-mecheval's first long layer, kept so that its checkpoints load and compute as
+  before: conv(u) = h ∗ u + conv_bias, h from :class:`ImplicitFilter` (sine MLP of width
+  ``long_filter_order``, no decay window) and a trainable per-channel ``conv_bias``."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .convolutions import ImplicitFilter, ShortConv, causal_conv
+from .convolutions import ImplicitFilter, ImplicitLongConv, ShortConv, causal_conv
 from .mixers import zero_padding
 from .sites import Site
 from .configuration_mecheval import BaseConvConfig
@@ -21,16 +28,19 @@ class BaseConv(nn.Module):
         D = config.hidden_size
         kernel = config.conv_kernel_for_layer(layer_idx)
         self.projection = nn.Linear(D, D, bias=True)
-        self.long = kernel == "long"
-        if self.long:
+        # the v1 long layer keeps its own filter and bias; every other convolution is ``self.conv``
+        self.long_v1 = kernel == "long" and config.long_conv_form == "mecheval-v1"
+        if self.long_v1:
             self.filter = ImplicitFilter(D, config.max_filter_length, order=config.long_filter_order, decay=False)
             self.conv_bias = nn.Parameter(torch.zeros(D))
+        elif kernel == "long":
+            self.conv = ImplicitLongConv(D, config.max_filter_length, hidden=config.long_filter_order)
         else:
             self.conv = ShortConv(D, kernel, bias=True)
         self.conv_output = Site("convolution output, (batch, length, hidden)")
 
     def _conv(self, u: torch.Tensor) -> torch.Tensor:
-        if self.long:
+        if self.long_v1:
             return causal_conv(u, self.filter(u.shape[1])) + self.conv_bias
         return self.conv(u)
 
@@ -41,16 +51,19 @@ class BaseConv(nn.Module):
     def step(self, u_t: torch.Tensor, state, mask: torch.Tensor | None = None):
         """state: short conv -> its input window; long conv -> all inputs so far (B, t, D)."""
         conv_in = zero_padding(u_t, mask)
-        if self.long:
+        if self.long_v1:
             history = conv_in[:, None] if state is None else torch.cat([state, conv_in[:, None]], dim=1)
             kernel = self.filter(history.shape[1]).flip(-1)                # (D, t): tap for each past step
             c = (history * kernel.T).sum(1) + self.conv_bias
             state = history
         else:
-            c, state = self.conv.step(conv_in, state)
+            c, state = self.conv.step(conv_in, state)                      # ShortConv or ImplicitLongConv
         return c * self.projection(u_t) + u_t, state
 
 
 register_architecture(ArchitectureSpec(
     name="baseconv", config_class=BaseConvConfig, mixers={"base_conv": BaseConv}, class_stem="BaseConv",
-    tiny_config={"kernel_schedule": [3, "long"], "long_filter_order": 8, "max_filter_length": 16}))
+    tiny_config={"kernel_schedule": [3, "long"], "long_filter_order": 8, "max_filter_length": 16},
+    # the contract test checks each mixer name at its first layer: "long" first, in both forms
+    test_variants=({"kernel_schedule": ["long", 3]},
+                   {"kernel_schedule": ["long", 3], "long_conv_form": "mecheval-v1"})))

@@ -99,4 +99,5 @@ class BasedLinearAttention(nn.Module):
 register_architecture(ArchitectureSpec(
     name="based", config_class=BasedConfig, mixers={"base_conv": BaseConv, "based": BasedLinearAttention},
     class_stem="Based", tiny_config={"feature_dim": 4, "max_filter_length": 16},
-    test_variants=({"short_conv_kernel": "long", "long_filter_order": 8},)))
+    test_variants=({"short_conv_kernel": "long", "long_filter_order": 8},
+                   {"short_conv_kernel": "long", "long_filter_order": 8, "long_conv_form": "mecheval-v1"})))

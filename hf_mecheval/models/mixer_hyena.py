@@ -2,21 +2,31 @@
 
     x0, x1, v = split(short_conv(in_proj(x)))        each (B, L, D)
     v = v * x1                                        first gate
-    v = long_conv(v, h) + bias * v                    h: implicit filter as long as the sequence
-    out = out_proj(v * x0)                            second gate
+    y = long_conv(v, h)                               h: implicit filter as long as the sequence
+    out = out_proj(y * x0)                            second gate
 
-The long filter h (D, L) comes from :class:`ImplicitFilter` (positional MLP with sine activations
-and an exponential decay window). The recurrent form keeps the short conv's window and the whole
-history of gated v: the filter is as long as the sequence, so each step convolves the history.
-Padding is zeroed where it enters each convolution: the short conv's input (in_proj has a bias)
-and the gated v (the short conv's bias makes it non-zero at padded positions).
+Two forms, chosen by the config's ``filter_form``:
+
+* "reference" (the default): as the paper's reference code (its zoology fork's ``Hyena``). The long
+  convolution has no skip term, y = h ∗ v, and h (D, L) comes from :class:`HyenaFilter`: an MLP
+  with three sine activations (one shared trainable frequency) over trainable positional features,
+  times a fixed exponential decay window (channel 0 slowest).
+* "mecheval-v1": hf-mecheval's first Hyena, kept so that its checkpoints load and compute as
+  before: y = h ∗ v + bias * v with a trainable per-channel skip ``bias``, and h from
+  :class:`ImplicitFilter` (two sine activations with their own frequencies over fixed features,
+  decay window with channel 0 fastest).
+
+The recurrent form keeps the short conv's window and the whole history of gated v: the filter is
+as long as the sequence, so each step convolves the history. Padding is zeroed where it enters
+each convolution: the short conv's input (in_proj has a bias) and the gated v (the short conv's
+bias makes it non-zero at padded positions).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .convolutions import ImplicitFilter, ShortConv, causal_conv
+from .convolutions import HyenaFilter, ImplicitFilter, ShortConv, causal_conv
 from .mixers import zero_padding
 from .sites import Site
 from .configuration_mecheval import HyenaConfig
@@ -31,22 +41,32 @@ class HyenaOperator(nn.Module):
         D = config.hidden_size
         self.layer_idx = layer_idx
         self.hidden_size = D
+        self.filter_form = config.filter_form
         self.in_proj = nn.Linear(D, 3 * D)
         self.short_conv = ShortConv(3 * D, config.short_conv_kernel)
-        self.filter = ImplicitFilter(D, config.max_filter_length, order=config.filter_order,
-                                     emb_dim=config.filter_emb_dim, sine_freq=config.filter_sine_freq,
-                                     decay=True)
-        self.bias = nn.Parameter(torch.randn(D))  # skip term of the long conv, per channel
+        if self.filter_form == "reference":
+            self.filter = HyenaFilter(D, config.max_filter_length, order=config.filter_order,
+                                      emb_dim=config.filter_emb_dim, sine_freq=config.filter_sine_freq)
+            self.bias = None                                 # no skip term in the long conv
+        else:                                                # "mecheval-v1": built in the same order as ever
+            self.filter = ImplicitFilter(D, config.max_filter_length, order=config.filter_order,
+                                         emb_dim=config.filter_emb_dim, sine_freq=config.filter_sine_freq,
+                                         decay=True)
+            self.bias = nn.Parameter(torch.randn(D))          # skip term of the long conv, per channel
         self.out_proj = nn.Linear(D, D)
         self.conv_output = Site("short-conv output, (batch, length, 3 * hidden) = (x0, x1, v)")
+
+    def _skip(self, v: torch.Tensor) -> torch.Tensor | float:
+        # the long conv's skip term: bias * v in the v1 form, none in the reference form
+        return 0.0 if self.bias is None else self.bias * v
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         L = x.shape[1]
         z = self.conv_output(self.short_conv(zero_padding(self.in_proj(x), mask)))   # (B, L, 3D)
         x0, x1, v = z.chunk(3, dim=-1)                           # (B, L, D) each
         v = zero_padding(v * x1, mask)
-        v = causal_conv(v, self.filter(L)) + self.bias * v       # filter: (D, L)
-        return self.out_proj(v * x0)
+        y = causal_conv(v, self.filter(L)) + self._skip(v)       # filter: (D, L)
+        return self.out_proj(y * x0)
 
     def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):
         """x_t: (B, D). state = (short-conv window (B, K-1, 3D), gated-v history (B, t, D)) or None."""
@@ -57,10 +77,11 @@ class HyenaOperator(nn.Module):
         history = v[:, None] if history is None else torch.cat([history, v[:, None]], dim=1)  # (B, t+1, D)
         t = history.shape[1]
         h = self.filter(t).flip(-1)                                    # (D, t): column s = tap for lag t-1-s
-        y = torch.einsum("bsd,ds->bd", history, h) + self.bias * v
+        y = torch.einsum("bsd,ds->bd", history, h) + self._skip(v)
         return self.out_proj(y * x0), (window, history)
 
 
 register_architecture(ArchitectureSpec(
     name="hyena", config_class=HyenaConfig, mixers={"hyena": HyenaOperator}, class_stem="Hyena",
-    tiny_config={"filter_order": 8, "max_filter_length": 16}))
+    tiny_config={"filter_order": 8, "max_filter_length": 16},
+    test_variants=({"filter_form": "mecheval-v1"},)))

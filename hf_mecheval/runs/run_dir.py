@@ -154,21 +154,28 @@ RESULT_TRAINING_FIELDS = (
 IGNORED_MODEL_FIELDS = ("transformers_version",)
 
 
+def recorded_model(model: dict) -> dict:
+    """A run record's model fields, completed with what a record from before a field existed was
+    built with (its config class's ``LEGACY_FIELDS``: e.g. ``init_scheme`` "normal", Hyena's
+    ``filter_form`` "mecheval-v1"); transformers' own models' fields as they are."""
+    from ..models import ARCHITECTURES
+
+    for spec in ARCHITECTURES.values():
+        if spec.config_class.model_type == model.get("model_type"):
+            return {**spec.config_class.LEGACY_FIELDS, **model}
+    return model
+
+
 def init_scheme_of(model: dict) -> str | None:
-    """A run record's model ``init_scheme``; our models recorded before the field existed were
-    drawn the "normal" way (every linear weight N(0, 0.02)); None for transformers' own models."""
-    if "init_scheme" in model:
-        return model["init_scheme"]
-    return "normal" if str(model.get("model_type", "")).startswith("mecheval-") else None
+    """A run record's model ``init_scheme`` (None for transformers' own models)."""
+    return recorded_model(model).get("init_scheme")
 
 
 def fingerprint(record: dict) -> dict:
     """What decides a run's result, from its run.json record (flat ``section.field`` keys)."""
     model, task, training = (record.get(k) if isinstance(record.get(k), dict) else {}
                              for k in ("model", "task", "training"))
-    flat = {f"model.{k}": v for k, v in model.items() if k not in IGNORED_MODEL_FIELDS}
-    if init_scheme_of(model) is not None:
-        flat["model.init_scheme"] = init_scheme_of(model)
+    flat = {f"model.{k}": v for k, v in recorded_model(model).items() if k not in IGNORED_MODEL_FIELDS}
     flat.update({f"task.{k}": task.get(k) for k in ("preset", "train_size", "eval_size", "dataset_seed")})
     config = task.get("config") if isinstance(task.get("config"), dict) else {}
     flat.update({f"task.config.{k}": v for k, v in config.items()})

@@ -22,6 +22,7 @@ from ..io_utils import loads_finite
 from ..typed_config import check_int
 from ..adapters.native_config import count_native_parameters, is_native, native_config, native_model_type
 from ..models import ARCHITECTURES, get_architecture, model_classes
+from ..models.configuration_mecheval import FORM_FIELDS
 from ..tasks.presets import PRESETS
 
 QUICK_RECIPE = {"train_size": 10_000, "eval_size": 512, "num_train_epochs": 8.0}
@@ -42,6 +43,10 @@ class ModelArguments:
     init_scheme: str | None = dataclasses.field(
         default=None, metadata={"help": "how new weights are drawn: reference (the paper's code; the default) or "
                                         "normal (every linear weight N(0, 0.02): an ablation)"})
+    mixer_forms: str | None = dataclasses.field(
+        default=None, metadata={"help": "reference (the default) or mecheval-v1: the form of Hyena's filter "
+                                        "(filter_form) and of BaseConv's and Based's long convolutions "
+                                        "(long_conv_form), whichever the architecture has"})
     model_config: str = dataclasses.field(
         default="{}", metadata={"help": 'JSON object of further config fields, e.g. \'{"conv_kernel": 0}\''})
 
@@ -59,11 +64,15 @@ class ModelArguments:
                                               f"{', '.join(known)}")
         fields = {"hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
                   "kernels": self.kernels, **extra}
-        if self.init_scheme is not None:
-            if "init_scheme" in extra and extra["init_scheme"] != self.init_scheme:
-                raise ConfigError("init_scheme", f"--init_scheme {self.init_scheme} and --model_config's "
-                                                 f"init_scheme {extra['init_scheme']!r} disagree; give one")
-            fields["init_scheme"] = self.init_scheme
+        given = {"init_scheme": self.init_scheme} if self.init_scheme is not None else {}
+        if self.mixer_forms is not None:
+            given.update({f: self.mixer_forms for f in FORM_FIELDS if f in known})
+        for name, value in given.items():
+            if name in extra and extra[name] != value:
+                flag = "init_scheme" if name == "init_scheme" else "mixer_forms"
+                raise ConfigError(flag, f"--{flag} {value} and --model_config's {name} {extra[name]!r} disagree; "
+                                        "give one")
+            fields[name] = value
         if self.max_position_embeddings is not None:
             fields["max_position_embeddings"] = self.max_position_embeddings
         return fields
@@ -76,9 +85,10 @@ class ModelArguments:
             if "vocab_size" in extra:
                 raise ConfigError("model_config", "vocab_size comes from the task; set the task's vocabulary "
                                                   "instead (--task / --task_config)")
-            if self.init_scheme is not None:
-                raise ConfigError("init_scheme", f"applies to hf-mecheval's architectures, not to {self.architecture} "
-                                                 "(transformers' own model initialises itself)")
+            for flag in ("init_scheme", "mixer_forms"):
+                if getattr(self, flag) is not None:
+                    raise ConfigError(flag, f"applies to hf-mecheval's architectures, not to {self.architecture} "
+                                            "(transformers' own model is built its own way)")
             return native_config(self.architecture, vocab_size=vocab_size, hidden_size=self.hidden_size,
                                  num_hidden_layers=self.num_hidden_layers,
                                  max_position_embeddings=self.max_position_embeddings, extra=extra)

@@ -1,4 +1,5 @@
 """Sweep files, both launchers, skipping and resuming, and the results table."""
+import dataclasses
 import importlib.util
 import json
 import re
@@ -343,3 +344,27 @@ def test_an_absurd_sweep_is_refused_at_once_even_for_a_dry_run(tmp_path, capsys)
     path.write_bytes(bytes(range(256)))
     assert mecheval(["sweep", str(path), "--dry-run"]) == 2
     assert "cannot read sweep file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sweep, folder", [("reference/ar", "ref_ar"), ("reference/ar_ablations", "ref_ablations"),
+                                           ("reference/atr", "ref_atr")])
+def test_the_earlier_reference_sweeps_still_ask_for_their_committed_runs(sweep, folder):
+    """The committed reference runs were made under hf-mecheval's earlier rule (N(0, 0.02) init,
+    clipping at 1, Hyena's and BaseConv's first long convolutions) before the fields that now
+    choose it existed; their sweep files pin that rule, so a resumed sweep reuses every finished
+    run. Without the pins it refuses, naming what differs."""
+    from pathlib import Path
+
+    from hf_mecheval.training.sweep import check_existing_runs
+
+    runs_dir = Path(__file__).resolve().parents[2] / "results" / "reference" / folder / "runs"
+    loaded = Sweep.load(sweep)
+    finished = [r for r in loaded.runs if (runs_dir / r.name / "metrics.json").exists()]
+    assert len(finished) >= 8
+    check_existing_runs(loaded.runs, runs_dir)
+    for pin, why in (("mixer_forms", "form"), ("init_scheme", "init_scheme"), ("max_grad_norm", "max_grad_norm")):
+        unpinned = [dataclasses.replace(r, args={k: v for k, v in r.args.items() if k != pin}) for r in finished]
+        if pin == "mixer_forms" and not any(r.args["architecture"] in ("hyena", "baseconv", "based") for r in finished):
+            continue
+        with pytest.raises(MechEvalError, match=f"trained with other arguments — .*{why}"):
+            check_existing_runs(unpinned, runs_dir)
