@@ -29,6 +29,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > 2**32 - 1:          # transformers.set_seed seeds numpy's legacy generator (32 bits)
+        raise argparse.ArgumentTypeError(f"expected a seed below 2**32, got {value}")
+    return value
+
+
 MAX_GRAMMAR_SEEDS = 10_000     # each is a grammar to sample and data to generate: more is a typo
 
 
@@ -215,7 +222,7 @@ def _report_results(args: argparse.Namespace) -> int:
 def _quickstart(args: argparse.Namespace) -> int:
     from .reports.quickstart import quickstart
 
-    quickstart(args.out, tiny=args.tiny, workers=args.workers)
+    quickstart(args.out, tiny=args.tiny, workers=args.workers, seed=args.seed)
     return 0
 
 
@@ -386,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("--tiny", action="store_true", help="a seconds-long smoke version (for tests)")
     qs.add_argument("--workers", type=_workers, default="auto",
                     help="training processes at once; auto (default): one per core with one thread each on a CPU")
+    qs.add_argument("--seed", type=_seed, default=0,
+                    help="initialisation and data-order seed of every run (default 0; the documents stay the same), "
+                         "to see how much the figures move")
     qs.set_defaults(func=_quickstart)
 
     push = commands.add_parser("push", help="upload a run (model, code, tokenizer, model card, metrics) to the Hub",

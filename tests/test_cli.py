@@ -39,7 +39,9 @@ def test_errors_are_one_line(tmp_path, capsys, argv, message):
 
 @pytest.mark.parametrize("argv", [["data", "generate", "atr_hard", "-n", "1", "--out", "x.parquet"],
                                   ["data", "generate", "ar_32", "-n", "-3", "--out", "x.parquet"],
-                                  ["data", "stats", "ar_32", "--grammar-seeds", "5-2"]])
+                                  ["data", "stats", "ar_32", "--grammar-seeds", "5-2"],
+                                  ["quickstart", "--tiny", "--seed", "4294967296"],
+                                  ["quickstart", "--tiny", "--seed", "-1"]])
 def test_argument_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)

@@ -62,13 +62,13 @@ LEARNING_RATES = {"transformer": 3e-4, "based": 2e-3, "mamba_conv4": 3e-3, "mamb
 TRAINING_ORDER = ["transformer", "mamba_conv4", "mamba_conv0", "h3", "hyena", "baseconv", "based", "deltanet"]
 
 
-def _train_args(name: str, arch: str, extra: dict, setting: dict) -> dict:
+def _train_args(name: str, arch: str, extra: dict, setting: dict, seed: int = 0) -> dict:
     config = dict(extra)
     args = {"task": setting["task"], "task_config": setting["task_config"], "architecture": arch,
             "hidden_size": setting["hidden_size"], "num_hidden_layers": setting["num_hidden_layers"],
             "train_size": setting["train_size"], "eval_size": setting["eval_size"],
             "learning_rate": LEARNING_RATES[name], "eval_strategy": "no", "save_strategy": "no",
-            "logging_steps": 1000}
+            "logging_steps": 1000, "seed": seed}
     if "max_position_embeddings" in config:
         args["max_position_embeddings"] = config.pop("max_position_embeddings")
     args["model_config"] = config
@@ -119,16 +119,17 @@ def headline(rows: dict[str, dict]) -> list[dict]:
 
 
 def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress: bool = True,
-               workers: int | str = "auto") -> dict:
+               workers: int | str = "auto", seed: int = 0) -> dict:
     """Train the eight runs (``workers`` processes at once; ``auto``: one 1-thread process per core
-    on a CPU), each followed by its intervention grid, then write the report."""
+    on a CPU), each followed by its intervention grid, then write the report. ``seed``: every
+    run's initialisation and data-order seed (the documents do not change)."""
     from ..training.sweep import Run, check_existing_runs, train_runs
 
     setting = TINY if tiny else SETTING
     out = Path(out)
     runs_dir = out / "runs"
     models = {name: (arch, extra) for name, arch, extra in MODELS}
-    runs = [Run(name, _train_args(name, *models[name], setting)) for name in TRAINING_ORDER]
+    runs = [Run(name, _train_args(name, *models[name], setting, seed)) for name in TRAINING_ORDER]
     # a finished run is reused only if it is the run asked for (a --tiny one is not a full one)
     check_existing_runs(runs, runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)      # an unwritable output fails here, before any work
@@ -143,7 +144,7 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     rows = {name: r for (name, _, _), r in zip(MODELS, collect_runs([runs_dir / n for n, _, _ in MODELS]))}
     checks = headline(rows)
     minutes = (time.perf_counter() - started) / 60
-    lines = [f"Setting: {json.dumps(setting)}; learning rates {json.dumps(LEARNING_RATES)}; epochs "
+    lines = [f"Setting: {json.dumps(setting)}; seed {seed}; learning rates {json.dumps(LEARNING_RATES)}; epochs "
              f"{json.dumps(EPOCHS) if 'max_steps' not in setting else setting['max_steps']}; "
              f"interventions on {32 if tiny else 256} test documents, key corrupted, residual stream at the input of "
              f"the last layer. Wall time of this invocation: {minutes:.1f} min.", "", "## The paper's headline here", ""]
@@ -151,7 +152,7 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
               for c in checks]
     report = write_report([runs_dir / n for n, _, _ in MODELS], out, title="hf-mecheval quickstart",
                           preamble="\n".join(lines))
-    summary = {"setting": setting, "learning_rates": LEARNING_RATES, "epochs": EPOCHS, "minutes": minutes, "checks": checks,
+    summary = {"setting": setting, "seed": seed, "learning_rates": LEARNING_RATES, "epochs": EPOCHS, "minutes": minutes, "checks": checks,
                "rows": report["rows"], "figures": report["figures"]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n", overwrite=True)
     print(markdown_table(report["rows"]), end="")

@@ -44,6 +44,9 @@ def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys, monkeypatch):
     assert (out / "runs" / "h3" / "interventions" / "interventions.json").exists()
     assert all(p.stat().st_mtime_ns == t for p, t in made.items() if "h3" not in str(p))
     assert (out / "runs" / "h3" / "model.safetensors").stat().st_mtime_ns == made[out / "runs" / "h3" / "model.safetensors"]
+    # another seed is another run: refused in this folder, naming the seed
+    assert mecheval(["quickstart", "--tiny", "--seed", "1", "--out", str(out)]) == 2
+    assert "training.seed: 0 there, 1 asked" in capsys.readouterr().err
     # ... but not for another setting: the full quickstart (here a cheap stand-in) never reports
     # the tiny models under its heading
     import hf_mecheval.reports.quickstart as qs
