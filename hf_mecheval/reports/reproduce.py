@@ -18,6 +18,13 @@ The reference setting at width 64 (REPRODUCTION.md, "The reference setting"; CPU
     ref-ar          hf_mecheval/training/sweeps/reference/ar.yaml   (ar_32 as the reference, 7 architectures)
     ref-ablations   hf_mecheval/training/sweeps/reference/ar_ablations.yaml (Mamba conv 0-3, Based short kernels)
     ref-atr         hf_mecheval/training/sweeps/reference/atr.yaml  (ATR easy, without Mamba's conv, ATR-gen)
+
+Those three were made under hf-mecheval's earlier rule (N(0, 0.02) init, clipping at 1, the first
+long-convolution forms), which they pin; the same setting with the reference recipe's defaults:
+
+    ref-recipe-ar         hf_mecheval/training/sweeps/reference/recipe_ar.yaml
+    ref-recipe-ablations  hf_mecheval/training/sweeps/reference/recipe_ablations.yaml
+    ref-recipe-atr        hf_mecheval/training/sweeps/reference/recipe_atr.yaml
 """
 from __future__ import annotations
 
@@ -33,7 +40,8 @@ PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba"
            "ablation-based": "ar_based_kernel.yaml", "atr-no-conv": "atr_no_conv.yaml",
            "cpu-ar": "cpu/ar.yaml", "cpu-ablations": "cpu/ablations.yaml", "cpu-atr": "cpu/atr.yaml",
            "ref-ar": "reference/ar.yaml", "ref-ablations": "reference/ar_ablations.yaml",
-           "ref-atr": "reference/atr.yaml"}
+           "ref-atr": "reference/atr.yaml", "ref-recipe-ar": "reference/recipe_ar.yaml",
+           "ref-recipe-ablations": "reference/recipe_ablations.yaml", "ref-recipe-atr": "reference/recipe_atr.yaml"}
 
 
 def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "local", workers: int | str = "auto",
