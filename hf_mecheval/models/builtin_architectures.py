@@ -9,7 +9,7 @@ mixer file adds one line here.
 from .mixer_attention import CausalSelfAttention  # noqa: F401
 from .mixer_base_conv import BaseConv  # noqa: F401
 from .mixer_based import BasedLinearAttention  # noqa: F401
-from .mixer_h3 import H3  # noqa: F401
+from .mixer_h3 import H3Reference  # noqa: F401
 from .mixer_hyena import HyenaOperator  # noqa: F401
 from .mixer_mamba import MambaMixer  # noqa: F401
 from .mixer_delta_net import DeltaNetMixer  # noqa: F401

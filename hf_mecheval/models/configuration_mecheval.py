@@ -19,9 +19,10 @@ from .errors import ConfigError
 KERNEL_CHOICES = ("auto", "torch", "cuda")
 INIT_SCHEMES = ("reference", "normal")
 FILTER_FORMS = ("reference", "mecheval-v1")
-"""Forms of Hyena's implicit filter (``filter_form``) and of BaseConv's implicit long convolution
-(``long_conv_form``): the paper's reference code's, or hf-mecheval's first."""
-FORM_FIELDS = ("filter_form", "long_conv_form")
+"""Forms of Hyena's implicit filter (``filter_form``), of BaseConv's implicit long convolution
+(``long_conv_form``) and of H3's SSMs (``ssm_form``): the paper's reference code's, or
+hf-mecheval's first."""
+FORM_FIELDS = ("filter_form", "long_conv_form", "ssm_form")
 """The config fields that choose a form (``--mixer_forms`` sets whichever an architecture has)."""
 LONG_FILTER_ORDER = {"reference": 16, "mecheval-v1": 64}
 """Each long-convolution form's default MLP width (``long_filter_order``)."""
@@ -252,16 +253,31 @@ class H3Config(MechEvalConfig):
 
     model_type = "mecheval-h3"
     d_state: int = 1024
-    """State size of the diagonal SSM (and length of the shift SSM's register)."""
+    """State size N of the diagonal SSM (in the "reference" form N/2 complex modes, as the
+    reference's S4D kernel) and length of the shift SSM's register."""
     head_dim: int = 2
+    ssm_form: str = "reference"
+    """Form of the two SSMs. "reference" = the paper's reference code's (its zoology fork's ``H3``
+    with empty ``kernel_args``): a shift SSM with trainable B and C plus its own skip ``ssm_k_D``
+    on K; an S4D-Lin diagonal SSM (complex, A = -1/2 + iπn, N/2 modes, bilinear discretisation)
+    and a skip D per head, shared by the head's head_dim x head_dim outer-product channels.
+    "mecheval-v1" = hf-mecheval's first: the shift SSM as a short convolution of width d_state
+    (no separate skip), a real S4D diagonal SSM (A = -(n+1), zero-order hold) and a skip per model
+    channel (the checkpoints made before this field existed). See ``mixer_h3.py``."""
+
+    LEGACY_FIELDS = {**MechEvalConfig.LEGACY_FIELDS, "ssm_form": "mecheval-v1"}
 
     def validate_fields(self) -> None:
         super().validate_fields()
         _int(self, "d_state", minimum=1)
         _divides_hidden(self, "head_dim")
+        _choice(self, "ssm_form", FILTER_FORMS)
+        if self.ssm_form == "reference" and self.d_state < 2:
+            raise ConfigError("d_state", f"must be >= 2 in the reference form (d_state / 2 complex modes), "
+                                         f"got {self.d_state}")
 
     def layer_mixers(self) -> list[str]:
-        return ["h3"] * self.num_hidden_layers
+        return ["h3" if self.ssm_form == "reference" else "h3_v1"] * self.num_hidden_layers
 
 
 class HyenaConfig(MechEvalConfig):

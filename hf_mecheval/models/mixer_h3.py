@@ -1,11 +1,84 @@
 """H3 (Fu et al. 2023, "Hungry Hungry Hippos: Towards Language Modeling with State Space Models").
 
-    q, k, v = Wq x, Wk x, Wv x                       each (B, L, D), split into H heads of size P
+    q, k, v = Wq x, Wk x, Wv x                       each (B, L, D), split into H = D / P heads of size P
     k       = shift_ssm(k)                            learned causal kernel of length d_state per channel
-    S_h     = diag_ssm(k_h v_h^T)                     per head: P*P channels; entry (i, j) runs the
-                                                      SSM of channel (h, j), shared across i
+    S_h     = diag_ssm(k_h v_h^T)                     per head: P*P outer-product channels (i, j)
     y_h[j]  = sum_i q_h[i] * S_h[i, j]                q contracts with k's index, as in attention
     out     = Wo concat_h(y_h)
+
+Two forms, chosen by the config's ``ssm_form`` (the mixers "h3", :class:`H3Reference`, and
+"h3_v1", :class:`H3MechEvalV1`, subclasses of :class:`H3`); both share the projections (``q_proj``, ``k_proj``, ``v_proj``,
+``out_proj``: Linear with bias, drawn N(0, 0.02) with zero bias by the model's ``_init_weights``,
+as the reference's ``_init_weights`` draws them — its output projection is named
+``output_linear`` there, so it is not rescaled), the sites, the recurrent form and the
+answer-position path.
+
+"reference" (the default): as the paper's reference code, its zoology fork's
+``zoology/mixers/h3/h3.py`` instantiated as ``H3(d_model, l_max=1024, d_state=1024, head_dim=2)``
+with empty ``kernel_args`` (tinylang's ``model/zoology.py``), whose kernels are
+``ss_kernel.py``'s ``SSKernel`` in mode 'shift' (``ss_kernel_shift.py``) and with its defaults
+(``ss_kernel_diag.py``, initialised by ``dplr.py``). N = d_state, D = hidden_size, P = head_dim.
+
+* Shift SSM on k (:class:`ShiftSSM`; the reference's ``ssm_k_kernel``), one per model channel c:
+
+      x_t = S x_{t-1} + B u_t,   y_t = C · x_t        x_t in R^N, S the shift (x_t[n] = x_{t-1}[n-1])
+      K_shift[c, l] = sum_m B[c, m] C[c, m + l]        l < min(N, L), 0 beyond;  (D, L)
+
+  B (D, N) and C (D, N; the reference's has a leading ``channels`` axis of 1) are both trained;
+  B starts as e_0 (so K_shift = C at first), C as
+  ``kaiming_uniform_(a=sqrt(5))`` of a (D, 1, N) tensor, i.e. U(+-1/sqrt(N)) (nn.Conv1d's init).
+  The reference computes K_shift as a cross-correlation by FFTs of size 2N, as here. Then, with a
+  separate skip ``ssm_k_D`` (D,) ~ N(0, 1):
+
+      k <- K_shift * k + ssm_k_D k                    (* = causal convolution along the sequence)
+
+* Diagonal SSM on kv (:class:`DiagonalSSM`; the reference's ``kernel``): S4D-Lin, complex and
+  diagonal, ONE SSM per head h (SSKernel's H = D / P copies, ``channels`` 1), shared by the head's
+  P*P outer-product channels (i, j). SSKernel's defaults: mode "diag", measure "diag-lin",
+  dt_min 1e-3, dt_max 0.1, discretisation "bilinear", real_type "exp". Per head h and complex mode
+  n < N/2 (the N/2 modes stand for N/2 conjugate pairs of an N-state real SSM):
+
+      dt_h = exp(log_dt_h),       log_dt ~ U(log 1e-3, log 1e-1)                        (H,)
+      A    = -exp(inv_A_real) + i A_imag,  inv_A_real = log(1/2), A_imag = π n at init   (H, N/2)
+      B    = 1 + 0i at init (trained)                                                   (H, N/2)
+      C    ~ complex normal, E|C|^2 = 1 (real and imaginary parts N(0, 1/2))            (H, N/2)
+      bilinear:  dA = (1 + dt A / 2) / (1 - dt A / 2),   dB = dt B / (1 - dt A / 2)
+      h_t = dA h_{t-1} + dB u_t  (complex),   y_t = 2 Re(C · h_t) + D_h u_t
+      K[h, l] = 2 Re sum_n C dB dA^l                                                    (H, L)
+
+  The reference computes K with ``log_vandermonde``: sum_n C dB exp(l log dA), real part times 2;
+  this module takes the same sum with the powers by repeated multiplication
+  (:class:`ConjugatePairTaps`: no (H, N/2, L) complex tensor; tested against the Vandermonde
+  form). Its skip ``D`` is per head, (H,) ~ N(0, 1). (The reference keeps B and C as real views
+  (..., 2) of complex tensors, C with a leading ``channels`` axis of 1 that is dropped here, and
+  stores C conjugated, which changes nothing in distribution.)
+
+  Trained: log_dt, inv_A_real, A_imag, B, C, D, and the shift SSM's B, C and ssm_k_D. The
+  reference registers log_dt, A and B (and the shift's B) with ``_optim = {"weight_decay": 0}``
+  and no learning rate of its own (``lr`` is None), but the paper's training loop builds
+  ``torch.optim.AdamW(model.parameters(), lr, weight_decay)``, which ignores ``_optim``: every
+  parameter trains at the global rate and weight decay, as here.
+
+* Heads (the reference's forward): kv[i, j, h] = k[h P + i] v[h P + j] (channel order (i, j, h),
+  as its ``b d1 d2 h l``); s = K_h * kv + D_h kv; o[j, h] = sum_i q[h P + i] s[i, j, h]; the
+  output projection reads o in the order (j, h) (its ``b (d h) l``), i.e. input column j H + h.
+
+  Differences kept: the reference truncates both kernels to l_max = 1024 taps, which changes
+  nothing up to 1024 tokens (hf-mecheval has no l_max: the kernels are defined at any length); it
+  runs the long convolutions in float32 by FFT, this module as ``causal_conv`` does (direct or FFT,
+  in the activations' dtype).
+
+The ``state`` site of the reference form is the diagonal SSM's state trajectory as the state of
+the equivalent REAL system: h (B, L, C, N/2) complex shown as (B, L, C, N/2, 2) = (Re h, Im h).
+Each complex mode is a real 2-vector that evolves by the 2x2 rotation-scaling block
+[[Re dA, -Im dA], [Im dA, Re dA]] and is read out as 2 (Re C Re h - Im C Im h). That is a real
+tensor the size of v1's (B, L, C, N) for the same d_state, the system stays linear in it, so a patch
+(of any real coordinate, independently) propagates to later positions by the same rule as v1's
+(``through_state_site``, with the 2x2 block as the transition); a complex tensor would need every
+tool that reads or writes sites (caches, in-place patches, comparisons) to handle complex dtypes.
+
+"mecheval-v1": hf-mecheval's first H3, kept so that its checkpoints load and compute as before
+(:class:`H3MechEvalV1`, parameters and values unchanged for the same seed):
 
 The shift SSM has A = shift matrix, B = e_0, so its kernel is its C: K_shift[c, l] = C[c, l]
 for l < d_state (tap 0 = the current input, so it also plays the part of a skip term); its
@@ -82,23 +155,344 @@ class PowerSumTaps(torch.autograd.Function):
         return taps.view(K, -1, L), 0
 
 
+class ConjugatePairTaps(torch.autograd.Function):
+    """taps[c, l] = 2 Re sum_n w[c, n] * a[c, n]^l for l < L: w, a (C, n) complex -> (C, L) real
+    (the kernel of n conjugate pairs of modes, as the reference's ``log_vandermonde``).
+
+    As :class:`PowerSumTaps`, forward by repeated multiplication and backward by Horner's rule on
+    P(a) = sum_l G[:, l] a^l (G = dLoss/dtaps, real): the taps are holomorphic in w and a up to
+    the real part, so in PyTorch's convention (the gradient of a real loss with respect to a complex
+    z is dL/dRe z + i dL/dIm z) dL/dw = 2 conj(P(a)) and dL/da = 2 conj(w P'(a)). Memory O(C n)
+    instead of the (C, n, L) complex Vandermonde matrix exp(l log a) (``DiagonalSSM.kernel_vandermonde``,
+    the readable form, against which it is tested by gradcheck)."""
+
+    @staticmethod
+    def forward(w: torch.Tensor, a: torch.Tensor, L: int) -> torch.Tensor:
+        taps = w.real.new_empty(w.shape[0], L)
+        p = w.clone()
+        for l in range(L):
+            torch.sum(p.real, dim=-1, out=taps[:, l])
+            if l + 1 < L:
+                p.mul_(a)
+        return taps.mul_(2)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        w, a, L = inputs
+        ctx.save_for_backward(w, a)
+
+    @staticmethod
+    def backward(ctx, G: torch.Tensor):
+        w, a = ctx.saved_tensors
+        L = G.shape[1]
+        P = G[:, L - 1, None].to(a.dtype).expand_as(a).clone()   # Horner from the highest power
+        dP = torch.zeros_like(a)
+        for l in range(L - 2, -1, -1):
+            dP.mul_(a).add_(P)
+            P.mul_(a).add_(G[:, l, None])
+        return 2 * P.conj(), 2 * (w * dP).conj(), None
+
+    @staticmethod
+    def vmap(info, in_dims, w, a, L):
+        # stacked copies: every channel is independent, so fold the copies into the channels
+        K = info.batch_size
+        taps = ConjugatePairTaps.apply(*fold_copies(K, (w, a), in_dims[:2]), L)
+        return taps.view(K, -1, L), 0
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The real dtype the reference form's SSMs are computed in: the parameters' own, at least
+    float32 (the reference computes its kernels in float32; complex32 is barely supported)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+# --- the reference form's two SSMs -----------------------------------------------------------
+
+
+class ShiftSSM(nn.Module):
+    """The reference's shift SSM (``SSKernelShift``), one per channel: state x in R^N,
+
+        x_t = S x_{t-1} + B u_t   (S shifts by one: x_t[n] = x_{t-1}[n-1]),   y_t = C · x_t
+
+    B, C (channels, N), both trained. Its convolution kernel is the cross-correlation of B and C,
+    K[c, l] = sum_m B[c, m] C[c, m + l] (0 for l >= N)."""
+
+    def __init__(self, channels: int, N: int):
+        super().__init__()
+        self.channels, self.N = channels, N
+        self.B = nn.Parameter(torch.empty(channels, N))
+        self.C = nn.Parameter(torch.empty(channels, N))
+        self.init_mecheval_parameters()
+
+    @torch.no_grad()
+    def init_mecheval_parameters(self) -> None:
+        """B = e_0; C ~ U(+-1/sqrt(N)) (the reference's kaiming_uniform_(a=sqrt(5)) of a (channels,
+        1, N) tensor: fan_in N, gain sqrt(1/3), bound sqrt(1/3) * sqrt(3/N))."""
+        self.B.zero_()
+        self.B[:, 0] = 1.0
+        bound = 1 / math.sqrt(self.N)
+        self.C.uniform_(-bound, bound)
+
+    def kernel(self, L: int) -> torch.Tensor:
+        """K (channels, L): column l = weight on the input l steps back. By FFTs of size 2N, as the
+        reference: no wrap-around, since m + l < 2N."""
+        N, n = self.N, 2 * self.N
+        B, C = self.B.to(_compute_dtype(self.B)), self.C.to(_compute_dtype(self.C))
+        corr = torch.fft.irfft(torch.fft.rfft(B, n=n).conj() * torch.fft.rfft(C, n=n), n=n)   # (channels, 2N)
+        K = corr[:, :min(N, L)]
+        return F.pad(K, (0, max(0, L - N))).to(self.C.dtype)
+
+    def step(self, u_t: torch.Tensor, x: torch.Tensor | None):
+        """u_t: (B, channels); x: (B, channels, N) state (None = zeros). Returns (y_t, x)."""
+        if x is None:
+            x = u_t.new_zeros(*u_t.shape, self.N)
+        x = F.pad(x[..., :-1], (1, 0)) + self.B * u_t[..., None]       # shift by one, then B u_t
+        return (x * self.C).sum(-1), x
+
+
+class DiagonalSSM(nn.Module):
+    """The reference's S4D-Lin kernel (``SSKernelDiag`` as ``SSKernel``'s defaults build it): H
+    independent complex diagonal SSMs of N/2 modes, bilinear discretisation (module docstring).
+
+    Parameters (real tensors; complex ones as (..., 2) = (real, imaginary), as the reference
+    keeps them): log_dt (H,), inv_A_real (H, N/2), A_imag (H, N/2), B (H, N/2, 2), C (H, N/2, 2)."""
+
+    def __init__(self, H: int, N: int, dt_min: float = 1e-3, dt_max: float = 1e-1):
+        super().__init__()
+        self.H, self.modes = H, N // 2
+        self.dt_min, self.dt_max = dt_min, dt_max
+        self.log_dt = nn.Parameter(torch.empty(H))
+        self.inv_A_real = nn.Parameter(torch.empty(H, self.modes))
+        self.A_imag = nn.Parameter(torch.empty(H, self.modes))
+        self.B = nn.Parameter(torch.empty(H, self.modes, 2))
+        self.C = nn.Parameter(torch.empty(H, self.modes, 2))
+        self.init_mecheval_parameters()
+
+    @torch.no_grad()
+    def init_mecheval_parameters(self) -> None:
+        """S4D-Lin (``dplr.py``, scaling "lin"): A = -1/2 + iπn; B = 1; C complex normal with
+        E|C|^2 = 1 (torch.randn of a complex dtype: each part N(0, 1/2)); dt log-uniform in
+        [dt_min, dt_max]."""
+        lo, hi = math.log(self.dt_min), math.log(self.dt_max)
+        self.log_dt.uniform_(0, 1).mul_(hi - lo).add_(lo)
+        self.inv_A_real.fill_(math.log(0.5))
+        self.A_imag.copy_(math.pi * torch.arange(self.modes, dtype=self.A_imag.dtype,
+                                                 device=self.A_imag.device).expand(self.H, -1))
+        self.B.zero_()
+        self.B[..., 0] = 1.0
+        self.C.normal_(0.0, math.sqrt(0.5))
+
+    def discretize(self):
+        """Bilinear: dA = (1 + dt A / 2) / (1 - dt A / 2), dB = dt B / (1 - dt A / 2); returns dA,
+        dB and C, each (H, N/2) complex."""
+        real = _compute_dtype(self.log_dt)
+        dt = torch.exp(self.log_dt.to(real))[:, None]                               # (H, 1)
+        A = torch.complex(-torch.exp(self.inv_A_real.to(real)), self.A_imag.to(real))   # (H, N/2)
+        B = torch.complex(self.B[..., 0].to(real), self.B[..., 1].to(real))
+        C = torch.complex(self.C[..., 0].to(real), self.C[..., 1].to(real))
+        half = dt * A / 2
+        return (1 + half) / (1 - half), dt * B / (1 - half), C
+
+    def kernel(self, L: int) -> torch.Tensor:
+        """K[h, l] = 2 Re sum_n C dB dA^l, (H, L) in the parameters' dtype, the powers by repeated
+        multiplication (``ConjugatePairTaps``). Measured on one CPU thread at H 32, N/2 512: forward
+        + backward ~8 ms at L 37 and ~90 ms at L 1024, peak ~2.4 MiB; the Vandermonde matrix of
+        complex exponentials (``kernel_vandermonde``) took ~70 ms at L 37 and peaked at ~510 MiB
+        at L 1024."""
+        dA, dB, C = self.discretize()
+        return ConjugatePairTaps.apply(C * dB, dA, L).to(self.log_dt.dtype)
+
+    def kernel_vandermonde(self, L: int) -> torch.Tensor:
+        """The same kernel as the reference writes it (its ``log_vandermonde``): the powers as the
+        Vandermonde matrix exp(l log dA), (H, N/2, L) complex (readable; for tests)."""
+        dA, dB, C = self.discretize()
+        lags = torch.arange(L, device=dA.device, dtype=dA.real.dtype)
+        powers = torch.exp(torch.log(dA)[..., None] * lags)                        # (H, N/2, L)
+        K = 2 * torch.einsum("hn,hnl->hl", C * dB, powers).real                    # (H, L)
+        return K.to(self.log_dt.dtype)
+
+
+# --- the mixer --------------------------------------------------------------------------------
+
+
 class H3(nn.Module):
+    """What both forms of the H3 mixer share (:class:`H3Reference`, registered as the mixer "h3",
+    and :class:`H3MechEvalV1`, "h3_v1"; ``H3Config.layer_mixers`` names the one its ``ssm_form``
+    asks for): the projections, and the parallel, answer-position and recurrent forms, which
+    call the form's own pieces:
+
+        _shift(k) / _shift_step(k_t, state)     the shift SSM on k (its output is ``conv_output``)
+        _outer(k, v), _contract(q, s)           the heads' outer products and the q contraction
+        ssm_kernel(L) (C, L), _skip() (C,)      the diagonal SSM per outer-product channel, as a
+                                                convolution kernel and skip
+        _ssm_via_states(u), _ssm_step(u_t, h)   the diagonal SSM through its state (``state``)
+    """
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
         D, N, P = config.hidden_size, config.d_state, config.head_dim
         self.layer_idx = layer_idx
+        self.ssm_form = config.ssm_form
         self.hidden_size, self.d_state, self.head_dim = D, N, P
         self.num_heads = D // P
-        # the outer product k v^T has H * P * P = D * P channels; the SSM parameters exist per
-        # model channel (h, j) and are shared across the key index i
+        # the outer product k v^T has H * P * P = D * P channels
         self.channels = self.num_heads * P * P
-        C = D
 
         self.q_proj = nn.Linear(D, D)
         self.k_proj = nn.Linear(D, D)
         self.v_proj = nn.Linear(D, D)
         self.out_proj = nn.Linear(D, D)
+
+    accepts_keep = True
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D); with keep (B, k) positions (the answer-only training path,
+        nothing observing the layer), the output at those positions only, (B, k, D). Padded keys
+        are zeroed before the shift SSM (k_proj has a bias), so their outer products are zero."""
+        L = x.shape[1]
+        q, k, v = self.q_proj(x), zero_padding(self.k_proj(x), mask), self.v_proj(x)   # (B, L, D)
+        k = self.conv_output(self._shift(k))                                   # (B, L, D)
+        u = self._outer(k, v)                                                  # (B, L, C)
+        if self.state.wanted():
+            s = self._ssm_via_states(u)
+        elif keep is not None:  # the long convolution evaluated at the kept positions only
+            # s_p = sum_l K[:, l] u_{p-l}: gather u at p - l (B, k, L, C), rather than the kernel at
+            # p - t, whose backward (an index_put with accumulation) was slow on a CPU
+            source = keep[:, :, None] - torch.arange(L, device=x.device)       # (B, k, L): p - l for lag l
+            u_back = at_positions(u, source.clamp(min=0).flatten(1)).unflatten(1, source.shape[1:])
+            u_back = u_back * (source >= 0)[..., None]                         # (B, k, L, C), 0 before t = 0
+            s = (u_back * self.ssm_kernel(L).T).sum(2) + self._skip() * at_positions(u, keep)
+            q = at_positions(q, keep)                                          # (B, k, D)
+        else:  # fast path: the SSM unrolled into one long convolution
+            s = causal_conv(u, self.ssm_kernel(L)) + self._skip() * u          # (B, L, C)
+        return self.out_proj(self._contract(q, s))
+
+    def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):
+        """x_t: (B, D). state = (shift SSM state, diagonal SSM state) or None (each form's own:
+        ``_shift_step`` and ``_ssm_step``)."""
+        shift_state, h = (None, None) if state is None else state
+        q, k, v = self.q_proj(x_t), zero_padding(self.k_proj(x_t), mask), self.v_proj(x_t)   # (B, D)
+        k, shift_state = self._shift_step(k, shift_state)
+        u = self._outer(k, v)                                                  # (B, C)
+        s, h = self._ssm_step(u, h)
+        return self.out_proj(self._contract(q, s)), (shift_state, h)
+
+
+class H3Reference(H3):
+    """The reference form (module docstring): shift SSM + skip ``ssm_k_D`` on k, S4D-Lin per head
+    with skip ``D`` per head; outer-product channels in the order (i, j, h)."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        D, N, H = self.hidden_size, self.d_state, self.num_heads
+        self.ssm_k_kernel = ShiftSSM(D, N)                     # shift SSM on k, per model channel
+        self.ssm_k_D = nn.Parameter(torch.empty(D))            # its skip
+        self.kernel = DiagonalSSM(H, N)                        # S4D-Lin, one per head
+        self.D = nn.Parameter(torch.empty(H))                  # its skip, per head
+        self.init_mecheval_parameters()
+
+        self.conv_output = Site("shift-SSM output on K plus its skip ssm_k_D * K, (batch, length, hidden)")
+        self.state = Site("diagonal SSM state trajectory as the equivalent real system: (Re h, Im h), "
+                          "(batch, length, channels (i, j, head), d_state // 2, 2)", propagates_in_layer=True)
+
+    @torch.no_grad()
+    def init_mecheval_parameters(self) -> None:
+        """The skips ssm_k_D and D ~ N(0, 1), as the reference draws them."""
+        self.ssm_k_D.normal_()
+        self.D.normal_()
+
+    # --- heads: channel (i, j, h) of the outer product, output channel (j, h) -------------------
+
+    def _per_channel(self, t: torch.Tensor) -> torch.Tensor:
+        """(H, ...) per head -> (P*P*H, ...) per outer-product channel (i, j, h)."""
+        P = self.head_dim
+        return t.expand(P * P, *t.shape).flatten(0, 1)
+
+    def _by_index_and_head(self, t: torch.Tensor) -> torch.Tensor:
+        """(..., D) with channel h*P + i -> (..., P, H) indexed [i, h]."""
+        return t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-1, -2)
+
+    def _outer(self, k, v):
+        """k, v: (..., D) -> kv (..., C), kv[i, j, h] = k[h P + i] v[h P + j] (the reference's
+        ``b d1 d2 h``)."""
+        k, v = self._by_index_and_head(k), self._by_index_and_head(v)          # (..., P, H)
+        return (k[..., :, None, :] * v[..., None, :, :]).flatten(-3)           # (..., P, P, H) -> (..., C)
+
+    def _contract(self, q, s):
+        """q: (..., D), s: (..., C) -> o (..., D), o[j, h] = sum_i q[h P + i] s[i, j, h], in the
+        reference's output order (j, h): channel j H + h."""
+        P, H = self.head_dim, self.num_heads
+        q = self._by_index_and_head(q)                                         # (..., P, H)
+        return (q[..., :, None, :] * s.unflatten(-1, (P, P, H))).sum(-3).flatten(-2)
+
+    # --- the shift SSM ----------------------------------------------------------------------------
+
+    def _shift(self, k):
+        """k (B, L, D) -> K_shift * k + ssm_k_D k."""
+        return causal_conv(k, self.ssm_k_kernel.kernel(k.shape[1])) + self.ssm_k_D * k
+
+    def _shift_step(self, k_t, x):
+        """k_t (B, D); x: the shift SSM's state (B, D, N) or None."""
+        y, x = self.ssm_k_kernel.step(k_t, x)
+        return y + self.ssm_k_D * k_t, x
+
+    # --- the diagonal SSM -------------------------------------------------------------------------
+
+    def ssm_kernel(self, L: int) -> torch.Tensor:
+        """(C, L): the head's kernel K[h] for each outer-product channel (i, j, h)."""
+        return self._per_channel(self.kernel.kernel(L))
+
+    def _skip(self) -> torch.Tensor:
+        return self._per_channel(self.D)                                       # (C,)
+
+    def _expanded(self):
+        """dA, dB, C per outer-product channel, each (C, N/2) complex."""
+        return [self._per_channel(t) for t in self.kernel.discretize()]
+
+    @staticmethod
+    def _rotate(dA: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """dA e for e (..., N/2, 2) in real coordinates (Re, Im): each mode's 2x2 block
+        [[Re dA, -Im dA], [Im dA, Re dA]] (the equivalent real system's transition)."""
+        re, im = e[..., 0], e[..., 1]
+        return torch.stack([dA.real * re - dA.imag * im, dA.imag * re + dA.real * im], dim=-1)
+
+    @staticmethod
+    def _readout(C: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """2 Re(C · h) for h (..., N/2, 2) in real coordinates -> (...)."""
+        return 2 * (C.real * h[..., 0] - C.imag * h[..., 1]).sum(-1)
+
+    def _ssm_via_states(self, u):
+        """The diagonal SSM through its explicit state trajectory, so it can be read and patched."""
+        dA, dB, C = self._expanded()                                           # (C, N/2) complex
+        h = torch.zeros(u.shape[0], *dA.shape, dtype=dA.dtype, device=u.device)   # (B, C, N/2)
+        states = []
+        for t in range(u.shape[1]):
+            h = dA * h + dB * u[:, t, :, None]
+            states.append(h)
+        states = torch.view_as_real(torch.stack(states, dim=1))                # (B, L, C, N/2, 2) real
+        # a patched element propagates to later positions of this layer along the recurrence
+        states = through_state_site(self.state, states, lambda t, e: self._rotate(dA, e))
+        return self._readout(C, states).to(u.dtype) + self._skip() * u         # (B, L, C)
+
+    def _ssm_step(self, u_t, h):
+        """u_t (B, C); h: the state in real coordinates (B, C, N/2, 2) or None."""
+        dA, dB, C = self._expanded()
+        if h is None:
+            h = u_t.new_zeros(u_t.shape[0], *dA.shape, 2, dtype=dA.real.dtype)
+        h = self._rotate(dA, h) + torch.view_as_real(dB * u_t[..., None])     # dA h + dB u_t
+        return self._readout(C, h).to(u_t.dtype) + self._skip() * u_t, h
+
+
+class H3MechEvalV1(H3):
+    """hf-mecheval's first form (module docstring): a ShortConv shift register, a real S4D
+    diagonal SSM per model channel (ZOH) and a skip per model channel; outer-product channels in
+    the order (h, i, j)."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        D, N, P = self.hidden_size, self.d_state, self.head_dim
+        # the SSM parameters exist per model channel (h, j) and are shared across the key index i
+        C = D
 
         # shift SSM on k: weight (D, 1, N), tap j looks back N-1-j steps (ShortConv's layout)
         self.shift = ShortConv(D, N, bias=False)
@@ -156,11 +550,17 @@ class H3(nn.Module):
         k = self.shift.weight[:, 0].flip(-1)              # ShortConv stores the oldest tap first
         return F.pad(k, (0, max(0, L - self.d_state)))
 
+    def _shift(self, k):
+        return causal_conv(k, self.shift_kernel(k.shape[1]))
+
     def _expanded(self):
         """Decay a, input gain b, readout C (each (D*P, N)) and skip D (D*P,) per outer-product channel."""
         dtA, b = self._discretize()
         return (self._per_channel(torch.exp(dtA)), self._per_channel(b), self._per_channel(self.C),
                 self._per_channel(self.D))
+
+    def _skip(self) -> torch.Tensor:
+        return self._per_channel(self.D)
 
     def ssm_kernel(self, L: int) -> torch.Tensor:
         """K[c, l] = sum_n C b a^l, (D*P, L). The powers come from repeated multiplication (L small
@@ -193,46 +593,22 @@ class H3(nn.Module):
         h = through_state_site(self.state, h, lambda t, e: a * e)
         return (h * C).sum(-1) + D * u                    # (B, L, D*P)
 
-    accepts_keep = True
-
-    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, L, D) -> (B, L, D); with keep (B, k) positions (the answer-only training path,
-        nothing observing the layer), the output at those positions only, (B, k, D). Padded keys
-        are zeroed before the shift SSM (k_proj has a bias), so their outer products are zero."""
-        L = x.shape[1]
-        q, k, v = self.q_proj(x), zero_padding(self.k_proj(x), mask), self.v_proj(x)   # (B, L, D)
-        k = self.conv_output(causal_conv(k, self.shift_kernel(L)))             # (B, L, D)
-        u = self._outer(k, v)                                                  # (B, L, C)
-        if self.state.wanted():
-            s = self._ssm_via_states(u)
-        elif keep is not None:  # the long convolution evaluated at the kept positions only
-            # s_p = sum_l K[:, l] u_{p-l}: gather u at p - l (B, k, L, C), rather than the kernel at
-            # p - t, whose backward (an index_put with accumulation) was slow on a CPU
-            source = keep[:, :, None] - torch.arange(L, device=x.device)       # (B, k, L): p - l for lag l
-            u_back = at_positions(u, source.clamp(min=0).flatten(1)).unflatten(1, source.shape[1:])
-            u_back = u_back * (source >= 0)[..., None]                         # (B, k, L, C), 0 before t = 0
-            s = (u_back * self.ssm_kernel(L).T).sum(2) + self._per_channel(self.D) * at_positions(u, keep)
-            q = at_positions(q, keep)                                          # (B, k, D)
-        else:  # fast path: the SSM unrolled into one long convolution
-            s = causal_conv(u, self.ssm_kernel(L)) + self._per_channel(self.D) * u   # (B, L, D*P)
-        return self.out_proj(self._contract(q, s))
-
     # --- recurrent form -----------------------------------------------------------------------
 
-    def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):
-        """x_t: (B, D). state = (shift register (B, N-1, D), SSM state (B, C, N)) or None."""
-        window, h = (None, None) if state is None else state
-        q, k, v = self.q_proj(x_t), zero_padding(self.k_proj(x_t), mask), self.v_proj(x_t)   # (B, D)
-        k, window = self.shift.step(k, window)
-        u = self._outer(k, v)                                                  # (B, C)
+    def _shift_step(self, k, window):
+        """The shift register (B, N-1, D) of ShortConv."""
+        return self.shift.step(k, window)
+
+    def _ssm_step(self, u, h):
+        """SSM state (B, C, N) or None."""
         a, b, C, D = self._expanded()
         if h is None:
             h = u.new_zeros(u.shape[0], *b.shape)
         h = a * h + b * u[..., None]                                           # (B, D*P, N)
         s = (h * C).sum(-1) + D * u
-        return self.out_proj(self._contract(q, s)), (window, h)
+        return s, h
 
 
 register_architecture(ArchitectureSpec(
-    name="h3", config_class=H3Config, mixers={"h3": H3}, class_stem="H3",
-    tiny_config={"d_state": 8, "head_dim": 2}))
+    name="h3", config_class=H3Config, mixers={"h3": H3Reference, "h3_v1": H3MechEvalV1}, class_stem="H3",
+    tiny_config={"d_state": 8, "head_dim": 2}, test_variants=({"ssm_form": "mecheval-v1"},)))

@@ -45,8 +45,9 @@ class ModelArguments:
                                         "normal (every linear weight N(0, 0.02): an ablation)"})
     mixer_forms: str | None = dataclasses.field(
         default=None, metadata={"help": "reference (the default) or mecheval-v1: the form of Hyena's filter "
-                                        "(filter_form) and of BaseConv's and Based's long convolutions "
-                                        "(long_conv_form), whichever the architecture has"})
+                                        "(filter_form), of BaseConv's and Based's long convolutions "
+                                        "(long_conv_form) and of H3's SSMs (ssm_form), whichever the "
+                                        "architecture has"})
     model_config: str = dataclasses.field(
         default="{}", metadata={"help": 'JSON object of further config fields, e.g. \'{"conv_kernel": 0}\''})
 

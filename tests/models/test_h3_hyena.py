@@ -5,15 +5,17 @@ import torch
 
 from hf_mecheval.models import build_model
 from hf_mecheval.models.configuration_mecheval import H3Config, HyenaConfig
-from hf_mecheval.models.mixer_h3 import H3
+from hf_mecheval.models.registry import mixer_class
 from hf_mecheval.models.mixer_hyena import HyenaOperator
 
 D, L, B = 8, 24, 2  # L > d_state so every shift-SSM tap is used
 
 
 def make_h3(**kw):
+    """The mixer the config's ssm_form names, as the model builds it."""
     torch.manual_seed(0)
-    return H3(H3Config(hidden_size=D, d_state=16, head_dim=2, **kw), layer_idx=0).double()
+    config = H3Config(hidden_size=D, d_state=16, head_dim=2, **kw)
+    return mixer_class(config.layer_mixers()[0])(config, layer_idx=0).double()
 
 
 def make_hyena(**kw):
@@ -31,13 +33,14 @@ def inputs(length=L):
 @pytest.mark.parametrize("name", MIXERS)
 def test_parameter_count_at_128(name):
     cfg = H3Config(hidden_size=128) if name == "h3" else HyenaConfig(hidden_size=128)
-    m = (H3 if name == "h3" else HyenaOperator)(cfg, layer_idx=0)
+    m = mixer_class(cfg.layer_mixers()[0])(cfg, layer_idx=0)
     print(f"\n{name} mixer parameters at hidden_size 128 (config defaults): "
           f"{sum(p.numel() for p in m.parameters()):,}")
 
 
-def test_h3_state_path_matches_conv_path():
-    m, x = make_h3(), inputs()
+@pytest.mark.parametrize("form", ["reference", "mecheval-v1"])
+def test_h3_state_path_matches_conv_path(form):
+    m, x = make_h3(ssm_form=form), inputs()
     y_conv = m(x)
     m.state.materialize = True
     torch.testing.assert_close(m(x), y_conv, rtol=0, atol=1e-10)
@@ -49,7 +52,7 @@ def test_h3_state_path_matches_conv_path():
 
 
 def test_h3_state_patch_propagates():
-    m, x, p = make_h3(), inputs(), 7
+    m, x, p = make_h3(ssm_form="mecheval-v1"), inputs(), 7
     y = m(x)
     delta = torch.randn(B, m.channels, m.d_state, dtype=torch.float64)
 
@@ -79,7 +82,7 @@ def test_h3_state_patch_propagates():
 @pytest.mark.parametrize("L", [1, 2, 7, 37, 100])
 def test_h3_kernel_by_repeated_products_equals_closed_form(L):
     torch.manual_seed(0)
-    mixer = build_model("h3", vocab_size=11, hidden_size=16, d_state=32).double().model.layers[0].mixer
+    mixer = build_model("h3", vocab_size=11, hidden_size=16, d_state=32, ssm_form="mecheval-v1").double().model.layers[0].mixer
     fast, slow = mixer.ssm_kernel(L), mixer.ssm_kernel_reference(L)
     assert fast.shape == slow.shape == (mixer.channels, L)
     assert torch.allclose(fast, slow, atol=1e-12)

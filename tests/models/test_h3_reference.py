@@ -1,0 +1,357 @@
+"""H3 in the paper's reference form (``ssm_form`` "reference", the default), each piece checked against
+the reference's equations written out here by hand from the module's own parameters — shift
+registers and complex recurrences stepped one position at a time in float64, never through the
+module's code —; its initialisation against the values and distributions the reference draws; and
+the "mecheval-v1" form, which the committed H3 checkpoints were made with and still load."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+import hf_mecheval  # noqa: F401  (registers the Auto classes)
+from hf_mecheval.models import build_model
+from hf_mecheval.models.configuration_mecheval import FORM_FIELDS, H3Config
+from hf_mecheval.models.errors import ConfigError
+from hf_mecheval.models.mixer_h3 import H3MechEvalV1, H3Reference
+
+f64 = torch.float64
+ROOT = Path(__file__).resolve().parents[2]
+V1_RUN = ROOT / "results/reference/ref_ar/runs/h3_lr1e-03_s0"
+
+
+def reference_mixer(D=4, N=6, P=2, seed=0, perturb=True):
+    """A float64 reference-form mixer; with ``perturb``, every SSM parameter moved away from its
+    initial value (B off e_0 and off 1, A's real parts off -1/2, ...), so that each one matters."""
+    torch.manual_seed(seed)
+    m = H3Reference(H3Config(hidden_size=D, d_state=N, head_dim=P), layer_idx=0).double()
+    if perturb:
+        g = torch.Generator().manual_seed(seed + 100)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=f64))
+            kernel = m.kernel
+            kernel.log_dt.copy_(math.log(1e-2) + torch.rand(kernel.log_dt.shape, generator=g, dtype=f64))
+            kernel.A_imag.copy_(3 * torch.rand(kernel.A_imag.shape, generator=g, dtype=f64))
+    return m
+
+
+def inputs(B, L, D, seed=1):
+    return torch.randn(B, L, D, dtype=f64, generator=torch.Generator().manual_seed(seed))
+
+
+def discretised_by_hand(m, h, n):
+    """The bilinear discretisation of head h's mode n, in Python complex numbers."""
+    kernel = m.kernel
+    dt = math.exp(kernel.log_dt[h].item())
+    A = complex(-math.exp(kernel.inv_A_real[h, n].item()), kernel.A_imag[h, n].item())
+    B = complex(kernel.B[h, n, 0].item(), kernel.B[h, n, 1].item())
+    C = complex(kernel.C[h, n, 0].item(), kernel.C[h, n, 1].item())
+    dA = (1 + dt * A / 2) / (1 - dt * A / 2)
+    dB = dt * B / (1 - dt * A / 2)
+    return dA, dB, C
+
+
+def shift_by_hand(m, k):
+    """The shift SSM and its skip, by a register per channel: x_t = S x_{t-1} + B k_t,
+    out_t = C · x_t + ssm_k_D k_t."""
+    Bs, Ls, D = k.shape
+    N = m.d_state
+    Bm, Cm, skip = m.ssm_k_kernel.B.detach(), m.ssm_k_kernel.C.detach(), m.ssm_k_D.detach()
+    out = torch.zeros_like(k)
+    for b in range(Bs):
+        for c in range(D):
+            register = [0.0] * N
+            for t in range(Ls):
+                u = k[b, t, c].item()
+                register = [0.0] + register[:-1]                           # shift by one
+                register = [register[n] + Bm[c, n].item() * u for n in range(N)]
+                out[b, t, c] = sum(Cm[c, n].item() * register[n] for n in range(N)) + skip[c].item() * u
+    return out
+
+
+def h3_by_hand(m, x):
+    """The reference's H3.forward written out: q, k, v; k through the shift SSM and its skip;
+    kv[i, j, h] = k[hP+i] v[hP+j]; per head h the complex recurrence h_t = dA h_{t-1} + dB kv_t,
+    y = 2 Re(C · h_t) + D_h kv_t; o[j, h] = sum_i q[hP+i] y[i, j, h]; output_linear over o in
+    the order (j, h)."""
+    Bs, Ls, D = x.shape
+    P, H = m.head_dim, m.num_heads
+    modes = m.d_state // 2
+    with torch.no_grad():
+        q, k, v = (x @ lin.weight.T + lin.bias for lin in (m.q_proj, m.k_proj, m.v_proj))
+    k = shift_by_hand(m, k)
+    o = torch.zeros(Bs, Ls, P, H, dtype=f64)                                  # [j, h]
+    for h in range(H):
+        disc = [discretised_by_hand(m, h, n) for n in range(modes)]
+        for b in range(Bs):
+            for i in range(P):
+                for j in range(P):
+                    state = [0j] * modes
+                    for t in range(Ls):
+                        u = k[b, t, h * P + i].item() * v[b, t, h * P + j].item()
+                        state = [dA * s + dB * u for (dA, dB, _), s in zip(disc, state)]
+                        y = 2 * sum(C * s for (_, _, C), s in zip(disc, state)).real + m.D[h].item() * u
+                        o[b, t, j, h] += q[b, t, h * P + i].item() * y
+    with torch.no_grad():
+        return o.flatten(-2) @ m.out_proj.weight.T + m.out_proj.bias
+
+
+# ------------------------------------------------------------------ (a) the diagonal SSM's kernel
+@pytest.mark.parametrize("L", [1, 5, 40])
+def test_the_diagonal_ssm_kernel_is_the_complex_recurrence_stepped_by_hand(L):
+    m = reference_mixer(D=6, N=10, P=2)                                       # 3 heads, 5 modes
+    want = torch.zeros(m.num_heads, L, dtype=f64)
+    for h in range(m.num_heads):
+        for n in range(m.d_state // 2):
+            dA, dB, C = discretised_by_hand(m, h, n)
+            state = dB                                                        # the impulse at lag 0
+            for l in range(L):
+                want[h, l] += 2 * (C * state).real
+                state = dA * state
+    got = m.kernel.kernel(L)
+    assert got.dtype == f64 and got.shape == (m.num_heads, L)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    # each outer-product channel (i, j, h) uses its head's kernel, and the head's skip D
+    P, H = m.head_dim, m.num_heads
+    per_channel = m.ssm_kernel(L).view(P, P, H, L)
+    for i in range(P):
+        for j in range(P):
+            torch.testing.assert_close(per_channel[i, j], want, rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(m._skip().view(P, P, H)[i, j], m.D, rtol=0, atol=0)
+
+
+def test_the_whole_reference_mixer_is_the_reference_forward_by_hand():
+    m = reference_mixer(D=4, N=6, P=2)                                        # 2 heads, 3 modes
+    x = inputs(2, 9, 4)
+    want = h3_by_hand(m, x)
+    torch.testing.assert_close(m(x), want, rtol=1e-9, atol=1e-10)
+    m.state.materialize = True                                                # through the state trajectory
+    torch.testing.assert_close(m(x), want, rtol=1e-9, atol=1e-10)
+
+
+def test_head_dim_1_is_the_reference_forward_by_hand():
+    m = reference_mixer(D=3, N=4, P=1)
+    x = inputs(1, 7, 3)
+    torch.testing.assert_close(m(x), h3_by_hand(m, x), rtol=1e-9, atol=1e-10)
+
+
+# ------------------------------------------------------------------ (b) the shift SSM and its skip
+@pytest.mark.parametrize("L", [5, 13])                                         # shorter and longer than N = 8
+def test_the_shift_ssm_and_its_skip_are_a_shift_register_plus_d_k(L):
+    m = reference_mixer(D=3, N=8, P=1)
+    k = inputs(2, L, 3, seed=3)
+    torch.testing.assert_close(m._shift(k), shift_by_hand(m, k), rtol=1e-10, atol=1e-12)
+    # the recurrent form keeps the register itself
+    state, steps = None, []
+    for t in range(L):
+        y, state = m._shift_step(k[:, t], state)
+        steps.append(y)
+    torch.testing.assert_close(torch.stack(steps, 1), shift_by_hand(m, k), rtol=1e-10, atol=1e-12)
+
+
+def test_the_shift_kernel_is_the_cross_correlation_of_b_and_c():
+    m = reference_mixer(D=3, N=8, P=1)
+    Bm, Cm = m.ssm_k_kernel.B.detach(), m.ssm_k_kernel.C.detach()
+    for L in (3, 8, 12):
+        want = torch.zeros(3, L, dtype=f64)
+        for c in range(3):
+            for l in range(min(L, 8)):
+                want[c, l] = sum(Bm[c, n] * Cm[c, n + l] for n in range(8 - l))
+        torch.testing.assert_close(m.ssm_k_kernel.kernel(L), want, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------ the state site
+def test_a_reference_state_patch_propagates_through_the_complex_recurrence():
+    """The site shows (Re h, Im h) per mode: adding delta there at position p changes the SSM output
+    at t >= p by 2 Re(C dA^(t-p) (delta_re + i delta_im)), and the mixer output by out_proj of q
+    contracted with that (order (i, j, h) in, (j, h) out)."""
+    m = reference_mixer(D=4, N=6, P=2)
+    x, p, Ls = inputs(2, 11, 4), 4, 11
+    P, H, modes = m.head_dim, m.num_heads, m.d_state // 2
+    y = m(x)
+    delta = torch.randn(2, m.channels, modes, 2, dtype=f64, generator=torch.Generator().manual_seed(7))
+
+    def patch(mod, inp, out):
+        assert out.shape == (2, Ls, m.channels, modes, 2) and out.dtype == f64
+        out = out.clone()
+        out[:, p] += delta
+        return out
+
+    handle = m.state.register_forward_hook(patch)
+    y_patched = m(x)
+    handle.remove()
+    torch.testing.assert_close(y_patched[:, :p], y[:, :p], rtol=0, atol=1e-12)
+
+    with torch.no_grad():
+        q = x @ m.q_proj.weight.T + m.q_proj.bias
+    ds = torch.zeros(2, Ls, P, P, H, dtype=f64)                               # [i, j, h]
+    for b in range(2):
+        for i in range(P):
+            for j in range(P):
+                for h in range(H):
+                    c = (i * P + j) * H + h
+                    for n in range(modes):
+                        dA, _, C = discretised_by_hand(m, h, n)
+                        e = complex(delta[b, c, n, 0].item(), delta[b, c, n, 1].item())
+                        for t in range(p, Ls):
+                            ds[b, t, i, j, h] += 2 * (C * dA ** (t - p) * e).real
+    do = torch.zeros(2, Ls, P, H, dtype=f64)                                  # [j, h]
+    for i in range(P):
+        for j in range(P):
+            for h in range(H):
+                do[:, :, j, h] += q[:, :, h * P + i] * ds[:, :, i, j, h]
+    expected = do.flatten(-2) @ m.out_proj.weight.detach().T
+    torch.testing.assert_close(y_patched - y, expected, rtol=1e-8, atol=1e-10)
+
+
+# ------------------------------------------------------------------ (c) the reference's initialisation
+def test_the_initial_values_are_the_reference_init():
+    D, N, P, layers = 256, 64, 2, 2
+    torch.manual_seed(0)
+    model = build_model("h3", vocab_size=11, hidden_size=D, d_state=N, head_dim=P, num_hidden_layers=layers)
+    assert model.config.ssm_form == "reference"
+    H, modes = D // P, N // 2
+    mixers = [layer.mixer for layer in model.model.layers]
+    assert all(isinstance(m, H3Reference) for m in mixers)
+    shapes = {name: tuple(p.shape) for name, p in mixers[0].named_parameters()}
+    assert shapes == {
+        "q_proj.weight": (D, D), "q_proj.bias": (D,), "k_proj.weight": (D, D), "k_proj.bias": (D,),
+        "v_proj.weight": (D, D), "v_proj.bias": (D,), "out_proj.weight": (D, D), "out_proj.bias": (D,),
+        "ssm_k_kernel.B": (D, N), "ssm_k_kernel.C": (D, N), "ssm_k_D": (D,),
+        "kernel.log_dt": (H,), "kernel.inv_A_real": (H, modes), "kernel.A_imag": (H, modes),
+        "kernel.B": (H, modes, 2), "kernel.C": (H, modes, 2), "D": (H,)}
+    # every parameter is trained (the reference's AdamW(model.parameters()))
+    assert all(p.requires_grad for p in model.parameters())
+
+    def cat(get):
+        return torch.cat([get(m).detach().double().flatten() for m in mixers])
+
+    # A = -1/2 + iπn exactly, B = 1 + 0i
+    for m in mixers:
+        kernel = m.kernel
+        torch.testing.assert_close(-torch.exp(kernel.inv_A_real.double()), torch.full((H, modes), -0.5, dtype=f64))
+        torch.testing.assert_close(kernel.A_imag.double(), (math.pi * torch.arange(modes, dtype=f64)).expand(H, -1))
+        assert torch.equal(kernel.B[..., 0], torch.ones(H, modes)) and torch.equal(kernel.B[..., 1], torch.zeros(H, modes))
+        # the shift SSM's B = e_0, so its kernel starts as C
+        assert torch.equal(m.ssm_k_kernel.B[:, 0], torch.ones(D)) and not m.ssm_k_kernel.B[:, 1:].any()
+        torch.testing.assert_close(m.ssm_k_kernel.kernel(N), m.ssm_k_kernel.C.detach(), rtol=0, atol=1e-6)
+
+    def within(samples, mean, std, what):
+        n = samples.numel()
+        assert abs(samples.mean().item() - mean) < 5 * std / math.sqrt(n), what
+        assert abs(samples.std().item() / std - 1) < 5 / math.sqrt(2 * n), what
+
+    # dt log-uniform in [1e-3, 1e-1]
+    log_dt, lo, hi = cat(lambda m: m.kernel.log_dt), math.log(1e-3), math.log(1e-1)
+    assert log_dt.min() >= lo and log_dt.max() <= hi
+    within(log_dt, (lo + hi) / 2, (hi - lo) / math.sqrt(12), "log_dt")
+    # C complex normal: each part N(0, 1/2), E|C|^2 = 1
+    C = cat(lambda m: m.kernel.C)
+    within(C, 0.0, math.sqrt(0.5), "C")
+    # the skips: D per head and ssm_k_D per channel, N(0, 1)
+    within(cat(lambda m: m.D), 0.0, 1.0, "D")
+    within(cat(lambda m: m.ssm_k_D), 0.0, 1.0, "ssm_k_D")
+    # the shift SSM's C: U(+-1/sqrt(N))
+    shift_C, bound = cat(lambda m: m.ssm_k_kernel.C), 1 / math.sqrt(N)
+    assert shift_C.abs().max() <= bound
+    within(shift_C, 0.0, bound / math.sqrt(3), "shift C")
+
+
+def test_a_checkpoint_missing_ssm_parameters_draws_them_as_the_reference(tmp_path):
+    model = build_model("h3", vocab_size=11, hidden_size=8, d_state=8, head_dim=2)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    dropped = sorted(k for k in weights if k.endswith(("kernel.A_imag", "ssm_k_kernel.B", "mixer.D")))
+    assert len(dropped) == 6
+    save_file({k: v for k, v in weights.items() if k not in dropped}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    partial, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert sorted(info["missing_keys"]) == dropped
+    for layer in partial.model.layers:
+        m = layer.mixer
+        torch.testing.assert_close(m.kernel.A_imag, (math.pi * torch.arange(4.0)).expand(4, -1))
+        assert torch.equal(m.ssm_k_kernel.B, torch.eye(8)[0].expand(8, -1))
+        assert torch.isfinite(m.D).all() and m.D.abs().max() < 10
+
+
+# ------------------------------------------------------------------ (d) the committed v1 checkpoint
+def test_the_committed_h3_checkpoint_loads_as_v1_with_every_key():
+    model, info = AutoModelForCausalLM.from_pretrained(V1_RUN, output_loading_info=True)
+    assert not any(info.values()), info
+    assert model.config.ssm_form == "mecheval-v1"
+    assert "ssm_form" not in json.loads((V1_RUN / "config.json").read_text())     # read as its legacy value
+    assert all(isinstance(layer.mixer, H3MechEvalV1) for layer in model.model.layers)
+    saved = {k: tuple(v.shape) for k, v in load_file(V1_RUN / "model.safetensors").items()}
+    state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if "lm_head.weight" not in saved:                                       # tied to the embedding
+        state.pop("lm_head.weight", None)
+    assert state == saved
+    assert "model.layers.0.mixer.shift.weight" in saved and "model.layers.0.mixer.A_log" in saved
+
+
+# ------------------------------------------------------------------ (e) the field
+@pytest.mark.parametrize("bad", ["mecheval-v2", "Reference", None, 1])
+def test_bad_ssm_forms_name_the_field(bad):
+    with pytest.raises(ConfigError) as info:
+        H3Config(ssm_form=bad)
+    assert info.value.field == "ssm_form"
+    assert "'reference', 'mecheval-v1'" in str(info.value)
+
+
+def test_the_reference_form_needs_two_states():
+    with pytest.raises(ConfigError) as info:
+        H3Config(d_state=1)
+    assert info.value.field == "d_state"
+    assert H3Config(d_state=1, ssm_form="mecheval-v1").d_state == 1
+
+
+def test_a_new_model_saves_and_reloads_the_reference_form(tmp_path):
+    model = build_model("h3", vocab_size=11, hidden_size=8, d_state=8).eval()
+    assert model.config.ssm_form == "reference"
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["ssm_form"] == "reference"
+    loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+    assert loaded.config.ssm_form == "reference"
+    assert all(isinstance(layer.mixer, H3Reference) for layer in loaded.model.layers)
+    ids = torch.randint(3, 11, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+
+
+def test_mixer_forms_sets_the_ssm_form():
+    from hf_mecheval.training.arguments import ModelArguments
+
+    assert "ssm_form" in FORM_FIELDS
+    assert ModelArguments(architecture="h3", mixer_forms="mecheval-v1").config_fields()["ssm_form"] == "mecheval-v1"
+    assert "ssm_form" not in ModelArguments(architecture="h3").config_fields()
+
+
+# ------------------------------------------------------------------ the kernel's taps
+def test_conjugate_pair_taps_against_the_closed_form_and_gradcheck():
+    from hf_mecheval.models.mixer_h3 import ConjugatePairTaps
+
+    g = torch.Generator().manual_seed(0)
+    for L in (1, 2, 9):
+        w = torch.randn(3, 4, generator=g, dtype=torch.complex128).requires_grad_()
+        radius = 0.2 + 0.75 * torch.rand(3, 4, generator=g, dtype=f64)
+        angle = 3 * torch.rand(3, 4, generator=g, dtype=f64)
+        a = torch.polar(radius, angle).requires_grad_()
+        assert torch.autograd.gradcheck(lambda w, a: ConjugatePairTaps.apply(w, a, L), (w, a))
+        closed = 2 * (w[..., None] * a[..., None] ** torch.arange(L, dtype=f64)).sum(1).real
+        torch.testing.assert_close(ConjugatePairTaps.apply(w, a, L), closed, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("L", [1, 7, 37, 100])
+def test_the_kernel_by_repeated_products_equals_the_vandermonde_form(L):
+    kernel = reference_mixer(D=8, N=16, P=2).kernel
+    fast, slow = kernel.kernel(L), kernel.kernel_vandermonde(L)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-11)
+    weights = torch.randn_like(fast)
+    params = [kernel.log_dt, kernel.inv_A_real, kernel.A_imag, kernel.B, kernel.C]
+    for g_fast, g_slow in zip(*(torch.autograd.grad((k * weights).sum(), params) for k in (fast, slow))):
+        torch.testing.assert_close(g_fast, g_slow, rtol=1e-9, atol=1e-10)
