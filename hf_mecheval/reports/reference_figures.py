@@ -59,7 +59,10 @@ def accuracy_figure(found: list[tuple[str, str, Selection]], path: Path, title: 
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(-3, 105)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    handles, names = ax.get_legend_handles_labels()         # by recipe, the chosen rate first
+    order = sorted(range(len(names)), key=lambda i: (_recipe_order(names[i].split(":")[0]), "other" in names[i]))
+    ax.legend([handles[i] for i in order], [names[i] for i in order], fontsize=8, loc="center left",
+              bbox_to_anchor=(1.0, 0.5))
     ax.set_title(title)
     return save_figure(fig, path)
 
