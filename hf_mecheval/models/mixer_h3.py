@@ -113,6 +113,18 @@ from .configuration_mecheval import H3Config
 from .registry import ArchitectureSpec, register_architecture
 
 
+def _horner(G: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """P(a) = sum_l G[:, l] a^l and P'(a) by Horner's rule, accumulated in place in L steps:
+    G (C, L) real, a (C, N) real or complex -> (P, P') (C, N), a's dtype."""
+    L = G.shape[1]
+    P = G[:, L - 1, None].to(a.dtype).expand_as(a).clone()        # Horner from the highest power
+    dP = torch.zeros_like(a)
+    for l in range(L - 2, -1, -1):
+        dP.mul_(a).add_(P)
+        P.mul_(a).add_(G[:, l, None])
+    return P, dP
+
+
 class PowerSumTaps(torch.autograd.Function):
     """taps[c, l] = sum_n w[c, n] * a[c, n]^l for l < L: w, a (C, N) -> (C, L).
 
@@ -139,12 +151,7 @@ class PowerSumTaps(torch.autograd.Function):
     @staticmethod
     def backward(ctx, G: torch.Tensor):
         w, a = ctx.saved_tensors
-        L = G.shape[1]
-        P = G[:, L - 1, None].expand_as(a).clone()                 # Horner from the highest power
-        dP = torch.zeros_like(a)
-        for l in range(L - 2, -1, -1):
-            dP.mul_(a).add_(P)
-            P.mul_(a).add_(G[:, l, None])
+        P, dP = _horner(G, a)
         return P, w * dP, None
 
     @staticmethod
@@ -184,12 +191,7 @@ class ConjugatePairTaps(torch.autograd.Function):
     @staticmethod
     def backward(ctx, G: torch.Tensor):
         w, a = ctx.saved_tensors
-        L = G.shape[1]
-        P = G[:, L - 1, None].to(a.dtype).expand_as(a).clone()   # Horner from the highest power
-        dP = torch.zeros_like(a)
-        for l in range(L - 2, -1, -1):
-            dP.mul_(a).add_(P)
-            P.mul_(a).add_(G[:, l, None])
+        P, dP = _horner(G, a)
         return 2 * P.conj(), 2 * (w * dP).conj(), None
 
     @staticmethod
