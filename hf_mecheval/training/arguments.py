@@ -22,7 +22,7 @@ from ..io_utils import loads_finite
 from ..typed_config import check_int
 from ..adapters.native_config import count_native_parameters, is_native, native_config, native_model_type
 from ..models import ARCHITECTURES, get_architecture, model_classes
-from ..models.configuration_mecheval import FORM_FIELDS
+from ..models.configuration_mecheval import FILTER_FORMS, FORM_FIELDS
 from ..tasks.presets import PRESETS
 
 QUICK_RECIPE = {"train_size": 10_000, "eval_size": 512, "num_train_epochs": 8.0}
@@ -67,6 +67,8 @@ class ModelArguments:
                   "kernels": self.kernels, **extra}
         given = {"init_scheme": self.init_scheme} if self.init_scheme is not None else {}
         if self.mixer_forms is not None:
+            if self.mixer_forms not in FILTER_FORMS:      # refused whether or not this architecture has a form
+                raise ConfigError("mixer_forms", f"must be one of {', '.join(FILTER_FORMS)}, got {self.mixer_forms!r}")
             given.update({f: self.mixer_forms for f in FORM_FIELDS if f in known})
         for name, value in given.items():
             if name in extra and extra[name] != value:
