@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .plots import save_figure  # noqa: E402
 from .reference_setting import (EARLIER_RECIPE, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,  # noqa: E402
-                                REFERENCE_RECIPE, TABLE_SWEEPS, Selection, _recipe_order, _side_by_side, _width)
+                                REFERENCE_RECIPE, Selection, _recipe_order, _side_by_side, _width, table_rows)
 
 RECIPE_COLOURS = {REFERENCE_RECIPE: "tab:blue", EARLIER_RECIPE: "tab:orange"}
 MARKERS = "osD^vP*Xh<>p"
@@ -131,7 +131,7 @@ def conv_width_figure(found: list[tuple[str, str, Selection]], path: Path) -> Pa
 
 def reference_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
     """Every figure whose rows are present, into ``out``."""
-    rows = {table: [r for sweep in sweeps for r in results.get(sweep, [])] for table, sweeps in TABLE_SWEEPS.items()}
+    rows = table_rows(results)
     made = []
     if rows["ar"]:
         found = _side_by_side(rows["ar"])
@@ -145,7 +145,6 @@ def reference_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
         for task in sorted({r["task"] for r in rows["atr"]}):
             made.append(accuracy_figure(_side_by_side(rows["atr"], task), out / f"accuracy_{task}.png",
                                         f"{task} at width 64: test accuracy by model and recipe"))
-    widths = [r for r in rows["ar"] if r["label"].startswith(("mamba", "based"))] + rows["ablations"]
     if rows["ablations"]:
-        made.append(conv_width_figure(_side_by_side(widths), out / "conv_width.png"))
+        made.append(conv_width_figure(_side_by_side(rows["widths"]), out / "conv_width.png"))
     return made

@@ -172,17 +172,24 @@ def _paper(figures: dict, key) -> str:
     return str(figures[key]) if key in figures else "—"
 
 
+def table_rows(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Each table's rows from its sweeps (``TABLE_SWEEPS``), and "widths": the short-convolution
+    ablation's, whose Mamba conv 4 and Based conv 3 are the AR table's runs."""
+    rows = {table: [r for sweep in sweeps for r in results.get(sweep, [])] for table, sweeps in TABLE_SWEEPS.items()}
+    rows["widths"] = [r for r in rows["ar"] if r["label"].startswith(("mamba", "based"))] + rows["ablations"]
+    return rows
+
+
 def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
     """Markdown per table (only those whose sweeps are present), and the verdicts: each claim
     judged on the reference's recipe and, beside it, on the earlier one."""
-    rows = {table: [r for sweep in sweeps for r in results.get(sweep, [])] for table, sweeps in TABLE_SWEEPS.items()}
+    rows = table_rows(results)
+    widths = rows["widths"]
     tables = {}
     if rows["ar"]:
         tables["ref_ar"] = _table(["model", "recipe", "paper, width 256 (%)"] + CELL_HEAD,
                                   [[label, name, _paper(PAPER_AR_WIDTH_256, label)] + s.cells()
                                    for label, name, s in _side_by_side(rows["ar"])])
-    # the width ablation: Mamba's conv 4 and Based's conv 3 are the AR table's runs
-    widths = [r for r in rows["ar"] if r["label"].startswith(("mamba", "based"))] + rows["ablations"]
     if rows["ablations"]:
         def paper(label):
             if not label.startswith("mamba"):
