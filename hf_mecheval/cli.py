@@ -239,6 +239,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     result = reproduce(args.preset, args.out, launcher=args.launcher, workers=args.workers, n=args.n,
                        dry_run=args.dry_run, stack=args.stack, only=args.only, threads=args.threads)
     if args.dry_run:
+        for name in result["runs"]:
+            print(name)
         print(f"{len(result['runs'])} runs")
         return 0
     outcome = result["outcome"]

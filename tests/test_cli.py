@@ -103,7 +103,8 @@ def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
     # a part of it, by run name: ref_ar's Mamba runs at its four learning rates, and two more
     # seeds at the best
     assert main(["reproduce", "--preset", "ref-ar", "--dry-run", "--only", "mamba_*"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "6 runs"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "6 runs" and len(lines) == 7 and all(line.startswith("mamba_lr") for line in lines[:-1])
     # the reference ablations: Based's four other short kernels, then Mamba's conv 0-3, at each
     # model's best ref_ar rate
     assert main(["reproduce", "--preset", "ref-ablations", "--dry-run"]) == 0
