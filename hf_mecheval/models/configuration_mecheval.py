@@ -95,6 +95,10 @@ class MechEvalConfig(PreTrainedConfig):
     """"auto": fused CUDA kernels where CUDA and the optional packages are present, a compiled C++
     kernel on a CPU where one builds (Mamba's scan), else PyTorch; "torch": always the PyTorch
     reference; "cuda": require the CUDA kernels (error otherwise)."""
+    use_cache: bool = False
+    """Whether a forward returns the generation cache (``RecurrentCache``) when not told
+    (``use_cache=``); ``generate()`` asks for it itself. Off by default: training and the
+    interventions read every position and need no state."""
     tie_word_embeddings: bool = True
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
@@ -147,7 +151,7 @@ class MechEvalConfig(PreTrainedConfig):
         raise NotImplementedError
 
 
-class TransformerConfig(MechEvalConfig):
+class MechEvalTransformerConfig(MechEvalConfig):
     """Causal softmax attention; fused QKV without bias, output projection with bias."""
 
     model_type = "mecheval-transformer"
@@ -162,7 +166,7 @@ class TransformerConfig(MechEvalConfig):
         return ["attention"] * self.num_hidden_layers
 
 
-class BasedConfig(MechEvalConfig):
+class MechEvalBasedConfig(MechEvalConfig):
     """Alternating layers: even layers BaseConv (short conv of ``short_conv_kernel``, or an implicit
     long convolution when it is ``"long"``), odd layers Based linear attention (2nd-order Taylor
     feature map)."""
@@ -205,7 +209,7 @@ class BasedConfig(MechEvalConfig):
         return self.short_conv_kernel
 
 
-class BaseConvConfig(MechEvalConfig):
+class MechEvalBaseConvConfig(MechEvalConfig):
     """``y = conv(u) * Linear(u) + u``; per-layer kernels cycle through ``kernel_schedule``
     (an int = short causal depthwise conv of that width, "long" = implicit long convolution)."""
 
@@ -248,7 +252,7 @@ class BaseConvConfig(MechEvalConfig):
         return self.kernel_schedule[layer % len(self.kernel_schedule)]
 
 
-class H3Config(MechEvalConfig):
+class MechEvalH3Config(MechEvalConfig):
     """H3: shift SSM on K, diagonal SSM on K·V (per head, head_dim x head_dim), Q gating."""
 
     model_type = "mecheval-h3"
@@ -280,7 +284,7 @@ class H3Config(MechEvalConfig):
         return ["h3" if self.ssm_form == "reference" else "h3_v1"] * self.num_hidden_layers
 
 
-class HyenaConfig(MechEvalConfig):
+class MechEvalHyenaConfig(MechEvalConfig):
     """Order-2 Hyena: short depthwise conv on a 3d in-projection, implicit long filter (positional
     MLP with sine activations, exponential decay), FFT convolution."""
 
@@ -319,7 +323,7 @@ class HyenaConfig(MechEvalConfig):
         return ["hyena"] * self.num_hidden_layers
 
 
-class MambaConfig(MechEvalConfig):
+class MechEvalMambaConfig(MechEvalConfig):
     """Selective SSM (Mamba-1) blocks with RMSNorm and no MLP."""
 
     model_type = "mecheval-mamba"
@@ -362,7 +366,7 @@ class MambaConfig(MechEvalConfig):
         return ["mamba"] * self.num_hidden_layers
 
 
-class DeltaNetConfig(MechEvalConfig):
+class MechEvalDeltaNetConfig(MechEvalConfig):
     """Delta-rule linear attention with short convolutions on q, k, v (flash-linear-attention's
     DeltaNet: SiLU + L2-normalised q/k, sigmoid beta, per-head RMSNorm on the output, no biases)."""
 
@@ -384,7 +388,7 @@ class DeltaNetConfig(MechEvalConfig):
         return ["delta_net"] * self.num_hidden_layers
 
 
-class Mamba2Config(MechEvalConfig):
+class MechEvalMamba2Config(MechEvalConfig):
     """Mamba-2 (SSD) blocks with RMSNorm and no MLP, as Mamba: a selective SSM whose decay is one
     scalar per head and step (mamba-ssm's Mamba2 defaults, head size and state scaled to these
     widths; see ``mixer_mamba2.py``)."""
@@ -437,7 +441,7 @@ class Mamba2Config(MechEvalConfig):
         return ["mamba2"] * self.num_hidden_layers
 
 
-class GatedDeltaNetConfig(MechEvalConfig):
+class MechEvalGatedDeltaNetConfig(MechEvalConfig):
     """Gated delta-rule linear attention (flash-linear-attention's GatedDeltaNet: short convolutions
     + SiLU on q, k, v, L2-normalised q/k, sigmoid beta, Mamba-2-style decay, output gate with a
     per-head gated RMSNorm, no biases), in blocks with an MLP, like DeltaNet (LayerNorm, the shared

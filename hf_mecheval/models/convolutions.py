@@ -38,10 +38,17 @@ class ShortConv(nn.Module):
         self.channels, self.kernel_size = channels, kernel_size
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
-        bound = 1 / math.sqrt(kernel_size)  # nn.Conv1d's default for groups == channels
-        nn.init.uniform_(self.weight, -bound, bound)
+        # drawn here for a ShortConv on its own, and again by a model's _init_weights, which must
+        # draw every weight itself (a model built on the meta device is materialised through it)
+        self.init_mecheval_parameters()
+
+    @torch.no_grad()
+    def init_mecheval_parameters(self) -> None:
+        """weight and bias U(+-1/sqrt(K)): nn.Conv1d's default for groups == channels."""
+        bound = 1 / math.sqrt(self.kernel_size)
+        self.weight.uniform_(-bound, bound)
         if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
+            self.bias.uniform_(-bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (B, L, C) -> (B, L, C)
@@ -57,6 +64,11 @@ class ShortConv(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y, full[:, 1:]
+
+    def state_after(self, x: torch.Tensor) -> torch.Tensor:
+        """The window ``step`` holds after reading x (B, L, C): its last K-1 inputs, (B, K-1, C),
+        zeros standing for positions before the start."""
+        return F.pad(x, (0, 0, self.kernel_size - 1, 0))[:, x.shape[1]:]
 
 
 def causal_conv(u: torch.Tensor, kernel: torch.Tensor, use_fft: bool | None = None) -> torch.Tensor:
@@ -259,6 +271,10 @@ class ImplicitLongConv(nn.Module):
         history = u_t[:, None] if history is None else torch.cat([history, u_t[:, None]], dim=1)  # (B, t, C)
         kernel = self.kernel(history.shape[1]).flip(-1)                        # (C, t): column s = tap for lag t-1-s
         return (history * kernel.T).sum(1) + u_t, history
+
+    def state_after(self, u: torch.Tensor) -> torch.Tensor:
+        """The history ``step`` holds after reading u (B, L, C): every input, u itself."""
+        return u
 
 
 class ImplicitFilter(nn.Module):

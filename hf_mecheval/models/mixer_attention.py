@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .mixers import at_positions
-from .configuration_mecheval import TransformerConfig
+from .configuration_mecheval import MechEvalTransformerConfig
 from .registry import ArchitectureSpec, register_architecture
 
 
@@ -56,22 +56,63 @@ class CausalSelfAttention(nn.Module):
         return q, k, v
 
     accepts_keep = True
+    returns_attentions = True       # forward(..., output_attentions=True) -> (output, probabilities)
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                output_attentions: bool = False):
         """x (B, L, D) -> (B, L, D); with keep (B, k) positions, the output at those positions only
         (B, k, D): queries (and the output projection) there, keys and values everywhere. ``mask``
-        (B, L): padded keys are hidden."""
-        B, L, D = x.shape
+        (B, L): padded keys are hidden. With ``output_attentions``: (output, the attention
+        probabilities (B, H, L, L) the output is computed from)."""
         if keep is not None:
             return self._forward_at(x, keep, mask)
+        out, _, probabilities = self._attend(x, mask, output_attentions)
+        return (out, probabilities) if output_attentions else out
+
+    def forward_with_state(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(x, mask) and the state ``step`` continues from: the keys and values (B, H, L, hd)
+        and which positions are real (B, L)."""
+        out, state, _ = self._attend(x, mask, False)
+        return out, state
+
+    def _attend(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool):
+        """(output (B, L, D), (k, v, real), the probabilities (B, H, L, L) where ``explicit``, else
+        None: written out then, by SDPA otherwise)."""
+        B, L, D = x.shape
         q, k, v = self._heads(x)
-        if self.functional_path:
+        real = torch.ones(B, L, dtype=torch.bool, device=x.device) if mask is None else mask
+        probabilities = None
+        if explicit:
+            probabilities = self._probabilities(q, k, real, past=0)
+            y = probabilities @ v
+        elif self.functional_path:
             y = causal_softmax_attention(q, k, v, mask=mask)
         elif mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, L, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(L, None, mask, x.device))
-        return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
+        return self.out_proj(y.transpose(1, 2).reshape(B, L, D)), (k, v, real), probabilities
+
+    def _probabilities(self, q: torch.Tensor, k: torch.Tensor, real: torch.Tensor, past: int) -> torch.Tensor:
+        """softmax(q k^T / sqrt(hd)) over the visible keys: q (B, H, Lq, hd) for the positions after
+        ``past`` earlier keys, k (B, H, past + Lq, hd), real (B, past + Lq) -> (B, H, Lq, past + Lq)."""
+        B, Lq = q.shape[0], q.shape[2]
+        positions = torch.arange(past, past + Lq, device=q.device).expand(B, Lq)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
+        visible = visible_keys(k.shape[2], positions, real, q.device)
+        return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+
+    def attention_weights(self, x: torch.Tensor, mask: torch.Tensor | None = None, past=None) -> torch.Tensor:
+        """The attention probabilities of the queries of x (B, L, D) continuing from ``past``, the
+        ``step`` state before x (t cached keys; None = none): (B, H, L, t + L), for
+        ``output_attentions`` in the cached (generation) forward. ``mask`` (B, L): False at padding."""
+        q, k, _ = self._heads(x)                                               # (B, H, L, hd)
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        t = 0
+        if past is not None:
+            t = past[0].shape[2]
+            k, real = torch.cat([past[0], k], dim=2), torch.cat([past[2], real], dim=1)
+        return self._probabilities(q, k, real, past=t)
 
     def _forward_at(self, x: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, L, D = x.shape
@@ -100,5 +141,5 @@ class CausalSelfAttention(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="transformer", config_class=TransformerConfig, mixers={"attention": CausalSelfAttention},
+    name="transformer", config_class=MechEvalTransformerConfig, mixers={"attention": CausalSelfAttention},
     class_stem="Transformer", tiny_config={"max_position_embeddings": 16}))

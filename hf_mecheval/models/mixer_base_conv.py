@@ -18,7 +18,7 @@ from torch import nn
 from .convolutions import ImplicitFilter, ImplicitLongConv, ShortConv, causal_conv
 from .mixers import zero_padding
 from .sites import Site
-from .configuration_mecheval import BaseConvConfig
+from .configuration_mecheval import MechEvalBaseConvConfig
 from .registry import ArchitectureSpec, register_architecture
 
 
@@ -48,6 +48,13 @@ class BaseConv(nn.Module):
         # u: (B, L, D); the convolution is all that mixes along the sequence
         return self.conv_output(self._conv(zero_padding(u, mask))) * self.projection(u) + u
 
+    def forward_with_state(self, u: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(u, mask) and the state ``step`` continues from: the convolution's window, or
+        every input of a long convolution."""
+        conv_in = zero_padding(u, mask)
+        state = conv_in if self.long_v1 else self.conv.state_after(conv_in)
+        return self.conv_output(self._conv(conv_in)) * self.projection(u) + u, state
+
     def step(self, u_t: torch.Tensor, state, mask: torch.Tensor | None = None):
         """state: short conv -> its input window; long conv -> all inputs so far (B, t, D)."""
         conv_in = zero_padding(u_t, mask)
@@ -62,7 +69,7 @@ class BaseConv(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="baseconv", config_class=BaseConvConfig, mixers={"base_conv": BaseConv}, class_stem="BaseConv",
+    name="baseconv", config_class=MechEvalBaseConvConfig, mixers={"base_conv": BaseConv}, class_stem="BaseConv",
     tiny_config={"kernel_schedule": [3, "long"], "long_filter_order": 8, "max_filter_length": 16},
     # the contract test checks each mixer name at its first layer: "long" first, in both forms
     test_variants=({"kernel_schedule": ["long", 3]},

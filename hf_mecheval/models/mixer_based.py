@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .sites import Site, through_state_site
-from .configuration_mecheval import BasedConfig
+from .configuration_mecheval import MechEvalBasedConfig
 from .mixer_base_conv import BaseConv
 from .registry import ArchitectureSpec, register_architecture
 
@@ -67,6 +67,15 @@ class BasedLinearAttention(nn.Module):
             y = (a @ v) / (a.sum(-1, keepdim=True) + EPS)                   # (B, H, L, hd)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
 
+    def forward_with_state(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(x, mask) and the state ``step`` continues from: (S (B, H, f, hd), z (B, H, f)),
+        the sums over the sequence of phi(k) v^T and phi(k)."""
+        _, k, v = self._qkv(x)
+        fk = self.feature_map(k)                                            # (B, H, L, f)
+        if mask is not None:
+            fk = fk * mask[:, None, :, None].to(fk.dtype)
+        return self.forward(x, mask), (fk.transpose(-1, -2) @ v, fk.sum(2))
+
     def _recurrent_view(self, q, k, v, mask=None) -> torch.Tensor:
         """Outputs through the explicit state trajectory (what the ``state`` site shows)."""
         fq, fk = self.feature_map(q), self.feature_map(k)                  # (B, H, L, f)
@@ -97,7 +106,7 @@ class BasedLinearAttention(nn.Module):
 
 # Based alternates BaseConv (even layers) with this linear attention (odd layers)
 register_architecture(ArchitectureSpec(
-    name="based", config_class=BasedConfig, mixers={"base_conv": BaseConv, "based": BasedLinearAttention},
+    name="based", config_class=MechEvalBasedConfig, mixers={"base_conv": BaseConv, "based": BasedLinearAttention},
     class_stem="Based", tiny_config={"feature_dim": 4, "max_filter_length": 16},
     test_variants=({"short_conv_kernel": "long", "long_filter_order": 8},
                    {"short_conv_kernel": "long", "long_filter_order": 8, "long_conv_form": "mecheval-v1"})))

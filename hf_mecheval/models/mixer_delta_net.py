@@ -38,7 +38,7 @@ from .mixers import zero_padding
 from .ops_delta_rule import delta_rule_chunked, delta_rule_recurrent, delta_rule_step, delta_rule_transition
 from .ops_short_conv import short_conv
 from .sites import Site, through_state_site
-from .configuration_mecheval import DeltaNetConfig
+from .configuration_mecheval import MechEvalDeltaNetConfig
 from .registry import ArchitectureSpec, register_architecture
 
 
@@ -106,11 +106,12 @@ class DeltaNetMixer(nn.Module):
 
     # full sequence ----------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        # x: (B, L, D)
+    def _inputs(self, x: torch.Tensor, mask: torch.Tensor | None):
+        # x: (B, L, D) -> the projections before the convolutions (B, L, 3D); q, k, v (B, H, L, d); beta (B, H, L)
         B, L, D = x.shape
         H, d = self.num_heads, self.head_dim
         qkv, b = self._project(zero_padding(x, mask))                   # (B, L, 3D), (B, L, H)
+        projected = qkv
         if self.use_short_conv:
             # the three convolutions as one over the concatenated channels (q, k, v)
             weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
@@ -121,8 +122,11 @@ class DeltaNetMixer(nn.Module):
         beta = torch.sigmoid(b).transpose(1, 2)                          # (B, H, L)
         # q and k normalised per head at once: (B, L, 2H, d) -> (B, 2H, L, d)
         qk = _l2norm(qk.reshape(B, L, 2 * H, d)).transpose(1, 2)
-        q, k, v = qk[:, :H], qk[:, H:], self._heads(v)                   # (B, H, L, d) each
+        return projected, qk[:, :H], qk[:, H:], self._heads(v), beta    # q, k, v: (B, H, L, d) each
 
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        # x: (B, L, D)
+        _, q, k, v, beta = self._inputs(x, mask)
         if self.state.wanted():
             # materialise S_t for every t so it can be read or patched
             _, states = delta_rule_recurrent(q, k, v, beta, return_states=True)
@@ -138,6 +142,17 @@ class DeltaNetMixer(nn.Module):
         else:
             o, _ = delta_rule_chunked(q, k, v, beta, self.chunk_size, output_final_state=False)   # (B, H, L, dv)
         return self._out(o.transpose(1, 2))                              # (B, L, D)
+
+    def forward_with_state(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(x, mask) (chunked) and the state ``step`` continues from: {"conv": the three
+        windows (B, K-1, D) or None, "S": (B, H, dk, dv)}."""
+        projected, q, k, v, beta = self._inputs(x, mask)
+        o, S = delta_rule_chunked(q, k, v, beta, self.chunk_size, output_final_state=True)   # (B, H, L, dv)
+        conv = None
+        if self.use_short_conv:
+            convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+            conv = tuple(c.state_after(part) for c, part in zip(convs, projected.chunk(3, dim=-1)))
+        return self._out(o.transpose(1, 2)), {"conv": conv, "S": S}
 
     # one token --------------------------------------------------------------------------------
 
@@ -168,6 +183,6 @@ class DeltaNetMixer(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="deltanet", config_class=DeltaNetConfig, mixers={"delta_net": DeltaNetMixer}, class_stem="DeltaNet",
+    name="deltanet", config_class=MechEvalDeltaNetConfig, mixers={"delta_net": DeltaNetMixer}, class_stem="DeltaNet",
     kernel_packages={"delta_net": ("fla",)}, tiny_config={"num_attention_heads": 2, "chunk_size": 4},
     test_variants=({"use_short_conv": False}, {"num_attention_heads": 1})))

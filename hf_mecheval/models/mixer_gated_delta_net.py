@@ -47,7 +47,7 @@ from .ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_re
                                    gated_delta_rule_transition)
 from .ops_short_conv import short_conv
 from .sites import Site, through_state_site
-from .configuration_mecheval import GatedDeltaNetConfig
+from .configuration_mecheval import MechEvalGatedDeltaNetConfig
 from .registry import ArchitectureSpec, register_architecture
 
 # flash-linear-attention hard-codes these for Gated DeltaNet (they are not config fields there)
@@ -131,19 +131,22 @@ class GatedDeltaNetMixer(nn.Module):
 
     # full sequence ----------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        # x: (B, L, D); mask (B, L) False at padding. Nothing before the delta rule has a bias,
-        # so a zero input gives k = 0 there, which leaves the (zero) state unchanged
-        qkv, gate, a, b = self._project(zero_padding(x, mask))
+    def _inputs(self, x: torch.Tensor, mask: torch.Tensor | None):
+        # x (B, L, D) -> the projections before the convolutions (B, L, 2 key_dim + value_dim), the
+        # output gate, q, k, v (B, L, H, d) and the gates g, beta (B, L, H)
+        projected, gate, a, b = self._project(zero_padding(x, mask))
         if self.use_short_conv:
             # the three convolutions as one over the concatenated channels
             weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
-            qkv = self.conv_output(F.silu(short_conv(qkv, weight)))
+            qkv = self.conv_output(F.silu(short_conv(projected, weight)))
         else:
-            qkv = F.silu(qkv)
-        q, k, v = self._heads(qkv)                                            # (B, L, H, d)
-        g, beta = self._gates(a, b)                                           # (B, L, H)
+            qkv = F.silu(projected)
+        return (projected, gate, *self._heads(qkv), *self._gates(a, b))
 
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        # x: (B, L, D); mask (B, L) False at padding. Nothing before the delta rule has a bias,
+        # so a zero input gives k = 0 there, which leaves the (zero) state unchanged
+        _, gate, q, k, v, g, beta = self._inputs(x, mask)
         if self.state.wanted():
             # materialise S_t for every t so it can be read or patched
             _, states = gated_delta_rule_recurrent(q, k, v, g, beta, return_states=True)   # (B, L, H, dk, dv)
@@ -157,6 +160,18 @@ class GatedDeltaNetMixer(nn.Module):
         else:
             o, _ = gated_delta_rule_chunked(q, k, v, g, beta, self.chunk_size, output_final_state=False)
         return self._out(o, gate)
+
+    def forward_with_state(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(x, mask) (chunked) and the state ``step`` continues from: {"conv": the q, k and v
+        windows (B, K-1, channels) or None, "S": (B, H, dk, dv)}."""
+        projected, gate, q, k, v, g, beta = self._inputs(x, mask)
+        o, S = gated_delta_rule_chunked(q, k, v, g, beta, self.chunk_size, output_final_state=True)
+        conv = None
+        if self.use_short_conv:
+            parts = projected.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+            conv = tuple(c.state_after(part) for c, part in zip(convs, parts))
+        return self._out(o, gate), {"conv": conv, "S": S}
 
     # one token --------------------------------------------------------------------------------
 
@@ -181,7 +196,7 @@ class GatedDeltaNetMixer(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="gated_deltanet", config_class=GatedDeltaNetConfig, mixers={"gated_delta_net": GatedDeltaNetMixer},
+    name="gated_deltanet", config_class=MechEvalGatedDeltaNetConfig, mixers={"gated_delta_net": GatedDeltaNetMixer},
     class_stem="GatedDeltaNet", kernel_packages={"gated_delta_net": ("fla",)},
     tiny_config={"num_attention_heads": 2, "expand_v": 2, "chunk_size": 4},
     test_variants=({"use_short_conv": False}, {"num_attention_heads": 1, "expand_v": 1})))

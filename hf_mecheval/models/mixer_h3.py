@@ -109,7 +109,7 @@ from torch.nn import functional as F
 from .convolutions import ShortConv, causal_conv
 from .sites import Site, through_state_site
 from .mixers import at_positions, fold_copies, zero_padding
-from .configuration_mecheval import H3Config
+from .configuration_mecheval import MechEvalH3Config
 from .registry import ArchitectureSpec, register_architecture
 
 
@@ -319,7 +319,7 @@ class DiagonalSSM(nn.Module):
 
 class H3(nn.Module):
     """What both forms of the H3 mixer share (:class:`H3Reference`, registered as the mixer "h3",
-    and :class:`H3MechEvalV1`, "h3_v1"; ``H3Config.layer_mixers`` names the one its ``ssm_form``
+    and :class:`H3MechEvalV1`, "h3_v1"; ``MechEvalH3Config.layer_mixers`` names the one its ``ssm_form``
     asks for): the projections, and the parallel, answer-position and recurrent forms, which
     call the form's own pieces:
 
@@ -612,5 +612,5 @@ class H3MechEvalV1(H3):
 
 
 register_architecture(ArchitectureSpec(
-    name="h3", config_class=H3Config, mixers={"h3": H3Reference, "h3_v1": H3MechEvalV1}, class_stem="H3",
+    name="h3", config_class=MechEvalH3Config, mixers={"h3": H3Reference, "h3_v1": H3MechEvalV1}, class_stem="H3",
     tiny_config={"d_state": 8, "head_dim": 2}, test_variants=({"ssm_form": "mecheval-v1"},)))

@@ -29,7 +29,7 @@ from torch import nn
 from .convolutions import HyenaFilter, ImplicitFilter, ShortConv, causal_conv
 from .mixers import zero_padding
 from .sites import Site
-from .configuration_mecheval import HyenaConfig
+from .configuration_mecheval import MechEvalHyenaConfig
 from .registry import ArchitectureSpec, register_architecture
 
 
@@ -61,12 +61,18 @@ class HyenaOperator(nn.Module):
         return 0.0 if self.bias is None else self.bias * v
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward_with_state(x, mask)[0]
+
+    def forward_with_state(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(x, mask) and the state ``step`` continues from: (short-conv window (B, K-1, 3D),
+        gated-v history (B, L, D))."""
         L = x.shape[1]
-        z = self.conv_output(self.short_conv(zero_padding(self.in_proj(x), mask)))   # (B, L, 3D)
+        conv_in = zero_padding(self.in_proj(x), mask)            # (B, L, 3D)
+        z = self.conv_output(self.short_conv(conv_in))
         x0, x1, v = z.chunk(3, dim=-1)                           # (B, L, D) each
         v = zero_padding(v * x1, mask)
         y = causal_conv(v, self.filter(L)) + self._skip(v)       # filter: (D, L)
-        return self.out_proj(y * x0)
+        return self.out_proj(y * x0), (self.short_conv.state_after(conv_in), v)
 
     def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):
         """x_t: (B, D). state = (short-conv window (B, K-1, 3D), gated-v history (B, t, D)) or None."""
@@ -82,6 +88,6 @@ class HyenaOperator(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="hyena", config_class=HyenaConfig, mixers={"hyena": HyenaOperator}, class_stem="Hyena",
+    name="hyena", config_class=MechEvalHyenaConfig, mixers={"hyena": HyenaOperator}, class_stem="Hyena",
     tiny_config={"filter_order": 8, "max_filter_length": 16},
     test_variants=({"filter_form": "mecheval-v1"},)))

@@ -29,7 +29,7 @@ from .convolutions import ShortConv
 from .sites import Site, through_state_site
 from .mixers import at_positions, zero_padding
 from .ops_selective_scan import ScanWorkspace, linear_scan, selective_scan, selective_scan_at
-from .configuration_mecheval import MambaConfig
+from .configuration_mecheval import MechEvalMambaConfig
 from .registry import ArchitectureSpec, register_architecture
 
 
@@ -108,6 +108,18 @@ class MambaMixer(nn.Module):
         out = self.out_proj((y + self.D * x) * F.silu(z))
         return out if keep is None else at_positions(out, keep)
 
+    def forward_with_state(self, u: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(u, mask) and the state ``step`` continues from: (conv window (B, K-1, E) or None,
+        h (B, E, N)), through the explicit state trajectory."""
+        x, z = self.in_proj(u).chunk(2, dim=-1)                               # (B, L, E) each
+        window = None if self.conv is None else self.conv.state_after(zero_padding(x, mask))
+        x = self._activated_x(x, mask)
+        dt, B, C = self._ssm_inputs(x)
+        dA = torch.exp(dt[..., None] * -torch.exp(self.A_log))                 # (B, L, E, N)
+        H = linear_scan(dA, (dt * x)[..., None] * B[:, :, None, :])            # (B, L, E, N)
+        y = (H @ C[..., None])[..., 0]
+        return self.out_proj((y + self.D * x) * F.silu(z)), (window, H[:, -1])
+
     def _forward_at(self, u: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # the convolution and the SSM inputs are needed everywhere, the gate and output at keep only
         w_x, w_z = self.in_proj.weight.chunk(2, dim=0)                         # (E, D) each
@@ -167,6 +179,6 @@ class MambaMixer(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="mamba", config_class=MambaConfig, mixers={"mamba": MambaMixer}, class_stem="Mamba",
+    name="mamba", config_class=MechEvalMambaConfig, mixers={"mamba": MambaMixer}, class_stem="Mamba",
     kernel_packages={"mamba": ("mamba_ssm", "causal_conv1d")}, tiny_config={"d_state": 4},
     test_variants=({"conv_kernel": 0},)))

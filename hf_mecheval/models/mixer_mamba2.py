@@ -38,7 +38,7 @@ from .norms import GatedRMSNorm
 from .ops_short_conv import short_conv
 from .ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from .sites import Site, through_state_site
-from .configuration_mecheval import Mamba2Config
+from .configuration_mecheval import MechEvalMamba2Config
 from .registry import ArchitectureSpec, register_architecture
 
 KERNEL_CHUNK_SIZE = 256   # mamba-ssm's default; the chunking changes the blocking, not the result
@@ -131,6 +131,15 @@ class Mamba2Mixer(nn.Module):
         out = self._out(y, z)
         return out if keep is None else at_positions(out, keep)
 
+    def forward_with_state(self, u: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(u, mask) (chunked) and the state ``step`` continues from: (conv window (B, K-1,
+        E + 2GN) or None, h (B, H, P, N))."""
+        z, xBC, dt = self.in_proj(u).split([self.E, self.E + 2 * self.G * self.N, self.H], dim=-1)
+        window = None if self.conv is None else self.conv.state_after(zero_padding(xBC, mask))
+        x, B, C, dt = self._ssm_inputs(self._activated(xBC, mask), dt, mask)
+        y, h = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, self.D, output_final_state=True)
+        return self._out(y, z), (window, h)
+
     def _forward_at(self, u: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # the convolution and the SSM inputs are needed everywhere; the gate, the norm and the
         # output projection only where the output is kept
@@ -159,6 +168,6 @@ class Mamba2Mixer(nn.Module):
 
 # tiny: 4 heads of 4 channels, chunks that do not divide the tests' lengths
 register_architecture(ArchitectureSpec(
-    name="mamba2", config_class=Mamba2Config, mixers={"mamba2": Mamba2Mixer}, class_stem="Mamba2",
+    name="mamba2", config_class=MechEvalMamba2Config, mixers={"mamba2": Mamba2Mixer}, class_stem="Mamba2",
     kernel_packages={"mamba2": ("mamba_ssm",)}, tiny_config={"d_state": 4, "head_dim": 4, "chunk_size": 4},
     test_variants=({"conv_kernel": 0}, {"n_groups": 2}, {"conv_kernel": 2, "head_dim": 8})))

@@ -10,6 +10,14 @@ A mixer is an ``nn.Module`` built as ``Mixer(config, layer_idx)`` with
   hidden), with ``state=None`` at the start of a sequence; it returns ``(y_t, new_state)``.
   Running it over a sequence gives ``forward``'s outputs (tested for every mixer). It is the
   generation cache (``recurrent_cache.py``): every tensor of a state has the batch first;
+* a mixer whose class sets ``returns_attentions = True`` (softmax attention) also takes
+  ``forward(x, mask=None, output_attentions=True)`` and returns ``(y, probabilities)``, the
+  (batch, heads, length, length) attention probabilities y is computed from, and
+  ``attention_weights(x, mask, past_state)`` for the cached forward (``output_attentions``);
+* optionally ``forward_with_state(x, mask=None)``: ``forward``'s output and the state ``step``
+  would hold after the whole sequence (from ``state=None``), in one parallel pass. The backbone
+  reads a prompt with it into a generation cache (prefill); a mixer without it is stepped
+  through the prompt token by token. Tested equal to stepping for every mixer that has it;
 * ``mask``: (batch, length) bool, or (batch,) for ``step``, False at padding; None = no padding.
   A padded position must contribute nothing to any later position when it comes before every
   real token of its row (left padding: the row is then computed as if it were not padded); its

@@ -39,6 +39,7 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils.generic import can_return_tuple
 
 from .builtin_architectures import CausalSelfAttention  # noqa: F401  (registers every built-in architecture)
 from .configuration_mecheval import MechEvalConfig
@@ -118,15 +119,23 @@ class Block(GradientCheckpointingLayer):
             self.mlp = None
         self.output = Site("residual stream leaving the block")
 
-    def forward(self, r: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, r: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                output_attentions: bool = False):
         # r: (B, L, D) residual stream. keep: (B, k) positions; when given (last block, training),
         # the MLP runs at those positions only and the block returns (B, k, D): the mixer mixes
         # along the sequence, but the MLP is per position and nothing later reads other positions.
         # A mixer with ``accepts_keep`` (attention, H3, Mamba, Mamba-2) also computes its output there only.
-        # mask: (B, L) padding mask (see padding_mask) or None.
+        # mask: (B, L) padding mask (see padding_mask) or None. With ``output_attentions``:
+        # (output, the mixer's attention probabilities (B, H, L, L), or None where it has none).
         r = self.input(r)
         x = self.mixer_input(self.mixer_norm(r))
-        if keep is not None and getattr(self.mixer, "accepts_keep", False):
+        weights = None
+        if output_attentions and getattr(self.mixer, "returns_attentions", False):
+            y, weights = self.mixer(x, mask=mask, output_attentions=True)     # the probabilities y is made of
+            r = r + self.mixer_output(y)
+            if keep is not None:
+                r = at_positions(r, keep)
+        elif keep is not None and getattr(self.mixer, "accepts_keep", False):
             r = at_positions(r, keep) + self.mixer_output(self.mixer(x, keep=keep, mask=mask))
         else:
             r = r + self.mixer_output(self.mixer(x, mask=mask))
@@ -134,15 +143,31 @@ class Block(GradientCheckpointingLayer):
                 r = at_positions(r, keep)
         if self.mlp is not None:
             r = r + self.mlp_output(self.mlp(self.mlp_input(self.mlp_norm(r))))
-        return self.output(r)
+        r = self.output(r)
+        return (r, weights) if output_attentions else r
 
-    def step(self, r_t: torch.Tensor, state, mask: torch.Tensor | None = None):
-        """Recurrent form for one token: r_t (B, D); mask (B,) False where it is padding."""
-        y, state = self.mixer.step(self.mixer_norm(r_t), state, mask)
-        r_t = r_t + y
+    def forward_cached(self, r: torch.Tensor, state, mask: torch.Tensor | None = None,
+                       output_attentions: bool = False):
+        """The block continuing from its mixer's recurrent ``state`` (None at the start): r (B, L, D)
+        -> (r out (B, L, D), the state after it, attention probabilities or None). A fresh state
+        comes from the mixer's parallel ``forward_with_state`` where it has one (a prompt in one
+        pass), else from its ``step``, token by token. Sites are not visited."""
+        x = self.mixer_norm(r)
+        weights = None
+        if output_attentions and getattr(self.mixer, "returns_attentions", False):
+            weights = self.mixer.attention_weights(x, mask, state)           # (no gradients in generation)
+        if state is None and hasattr(self.mixer, "forward_with_state"):
+            y, state = self.mixer.forward_with_state(x, mask)
+        else:
+            steps = []
+            for t in range(x.shape[1]):
+                y_t, state = self.mixer.step(x[:, t], state, None if mask is None else mask[:, t])
+                steps.append(y_t)
+            y = torch.stack(steps, dim=1)                                       # (B, L, D)
+        r = r + y
         if self.mlp is not None:
-            r_t = r_t + self.mlp(self.mlp_norm(r_t))
-        return r_t, state
+            r = r + self.mlp(self.mlp_norm(r))
+        return r, state, weights
 
 
 REFERENCE_INIT_RULE = "_mecheval_reference_init"     # attribute the rule is kept under on each Linear
@@ -266,53 +291,60 @@ class MechEvalModel(MechEvalPreTrainedModel):
         # input_ids: (B, L) -> (B, L, D), the residual stream entering layer 0
         return self.add_positions(self.embed_tokens(input_ids))
 
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, cache: RecurrentCache | None = None,
                 use_cache: bool | None = None, output_hidden_states: bool | None = None,
-                return_dict: bool | None = None, keep_positions: torch.Tensor | None = None,
+                output_attentions: bool | None = None, keep_positions: torch.Tensor | None = None,
                 **kwargs) -> BaseModelOutputWithPast:
         """keep_positions: optional (B, k) positions; the last block's per-position work and the
         output are then restricted to them (last_hidden_state is (B, k, D)). inputs_embeds: token
-        embeddings (positions are added). With ``use_cache`` or a ``cache``: token by token through
-        the recurrent forms, from the cache's state; the cache comes back updated."""
+        embeddings (positions are added). With ``use_cache`` or a ``cache``: continued from the
+        cache's state (``forward_cached``); the cache comes back updated. ``use_cache``,
+        ``output_hidden_states``, ``output_attentions`` and ``return_dict`` default to the config's.
+        hidden_states: the embeddings and each block's output, (B, L, D) each; attentions: each
+        layer's attention probabilities (B, H, L, keys), None for a layer without softmax
+        attention, or None altogether where the model has none."""
         if (input_ids is None) == (inputs_embeds is None):
             raise MechEvalError("pass exactly one of input_ids and inputs_embeds")
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_attentions = output_attentions and any(getattr(b.mixer, "returns_attentions", False) for b in self.layers)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds      # (B, L, D)
         mask = padding_mask(attention_mask, x.shape[1])
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
-        if cache is not None:
-            if keep_positions is not None or output_hidden_states:
-                raise MechEvalError("the recurrent (cached) forward returns the final hidden states only")
-            r = self._forward_recurrent(x, mask, cache)
-            return BaseModelOutputWithPast(last_hidden_state=self.norm_f(r), cache=cache)
-
-        if mask is not None and bool(mask[:, 0].all()):
+        if cache is not None and keep_positions is not None:
+            raise MechEvalError("keep_positions cannot be combined with a cache: the cache needs every position")
+        if cache is None and mask is not None and bool(mask[:, 0].all()):
             mask = None      # right padding only: it cannot reach earlier positions, which count from 0 anyway
-        # a real token's position counts the real tokens before it (left padding shifts nothing)
+        # a real token's position counts the real tokens before it (left padding shifts nothing),
+        # after those the cache has seen
         positions = None if mask is None else (mask.long().cumsum(1) - 1).clamp(min=0)
+        if cache is not None:
+            offsets = torch.arange(x.shape[1], device=x.device) if positions is None else positions
+            positions = cache.positions(x.shape[0], x.device)[:, None] + offsets                  # (B, L)
         r = self.add_positions(x, positions)
         hidden = [r] if output_hidden_states else None
+        attentions = [] if output_attentions else None
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
-            r = block(r, keep_positions if i == last else None, mask)
+            if cache is not None:
+                r, cache.layers[i], weights = block.forward_cached(r, cache.layers[i], mask, output_attentions)
+            elif output_attentions:
+                r, weights = block(r, keep_positions if i == last else None, mask, output_attentions=True)
+            else:
+                r = block(r, keep_positions if i == last else None, mask)
             if output_hidden_states:
                 hidden.append(r)
-        r = self.norm_f(r)
-        return BaseModelOutputWithPast(last_hidden_state=r, hidden_states=tuple(hidden) if hidden else None)
-
-    def _forward_recurrent(self, x: torch.Tensor, mask: torch.Tensor | None, cache: RecurrentCache) -> torch.Tensor:
-        """x (B, L, D) token embeddings -> the last block's outputs (B, L, D), one step per token
-        through every block's recurrent form, carrying ``cache`` along. Sites are not visited."""
-        outputs = []
-        for t in range(x.shape[1]):
-            mask_t = None if mask is None else mask[:, t]                              # (B,)
-            r_t = self.add_positions(x[:, t], cache.positions(x.shape[0], x.device))
-            for i, block in enumerate(self.layers):
-                r_t, cache.layers[i] = block.step(r_t, cache.layers[i], mask_t)
-            cache.advance(mask_t)
-            outputs.append(r_t)
-        return torch.stack(outputs, dim=1)
+            if output_attentions:
+                attentions.append(weights)
+        if cache is not None:
+            cache.advance(x.shape[1], mask)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm_f(r), cache=cache,
+                                       hidden_states=tuple(hidden) if hidden else None,
+                                       attentions=tuple(attentions) if attentions else None)
 
     # ------------------------------------------------------------------ intervention sites
     def site_names(self) -> list[str]:
@@ -340,6 +372,13 @@ class MechEvalModel(MechEvalPreTrainedModel):
                 m.functional_path = flag
 
 
+def answer_one_token(generation_config) -> None:
+    """Make ``generate()`` (and ``pipeline``) answer as the tasks' documents do, by default: one
+    token, greedily."""
+    generation_config.do_sample = False
+    generation_config.max_new_tokens = 1
+
+
 class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
     """Backbone + LM head tied to the embedding.
 
@@ -357,6 +396,9 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
     # the loss is a mean over the batch's answers: the Trainer must divide it by the gradient
     # accumulation steps itself (it skips that for models that take num_items_in_batch)
     accepts_loss_kwargs = False
+    # its cache is a recurrent state that cannot be rolled back: generate() refuses assisted and
+    # prompt-lookup decoding for it with its own message
+    _is_stateful = True
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -365,8 +407,8 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
         self.model = MechEvalModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-        self.generation_config.do_sample = False
-        self.generation_config.max_new_tokens = 1
+        answer_one_token(self.generation_config)
+        self.generation_config.use_cache = True       # generate() with the recurrent cache, whatever config.use_cache
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -402,35 +444,44 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
     def materialize_sites(self, flag: bool = True) -> None:
         self.model.materialize_sites(flag)
 
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 logits_to_keep: int | torch.Tensor = 0, inputs_embeds: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, cache: RecurrentCache | None = None,
                 use_cache: bool | None = None, output_hidden_states: bool | None = None,
-                return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                output_attentions: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+        """labels (B, L): position t is scored on labels[t + 1] (-100 = not scored); or keyword
+        ``shift_labels`` (B, L), already shifted: position t on shift_labels[t] (as transformers'
+        loss takes them; they win over labels). Not a named parameter: the Trainer would take it
+        for a label column it must gather."""
         loss, keep = None, None
-        cached = use_cache or cache is not None
-        if labels is not None and not output_hidden_states and not cached:
-            # position t predicts labels[t + 1]; with one label per row (the tasks' answer-only
-            # loss) only the predicting position needs the last block's MLP and the LM head
-            mask = labels[:, 1:] != IGNORE_INDEX                               # (B, L-1)
+        shift_labels = kwargs.pop("shift_labels", None)
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        # targets[:, t]: what position t is scored on
+        targets = shift_labels if shift_labels is not None else None if labels is None else labels[:, 1:]
+        if targets is not None and not output_hidden_states and not use_cache and cache is None:
+            # with one scored position per row (the tasks' answer-only loss) only that position
+            # needs the last block's MLP and the LM head
+            scored = targets != IGNORE_INDEX                                   # (B, L or L-1)
             observed = any(m.wanted() for m in self.model.layers[-1].modules() if isinstance(m, Site))
-            if not observed and bool((mask.sum(1) == 1).all()):
-                keep = mask.float().argmax(1)[:, None]                         # (B, 1)
+            if not observed and bool((scored.sum(1) == 1).all()):
+                keep = scored.float().argmax(1)[:, None]                       # (B, 1)
         out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                          cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states,
-                         keep_positions=keep)
+                         output_attentions=output_attentions, keep_positions=keep, return_dict=True)
         h = out.last_hidden_state                                              # (B, L or 1, D)
         if keep is not None:
             logits = self.lm_head(h)                                           # (B, 1, V)
-            loss = F.cross_entropy(logits[:, 0].float(), labels.gather(1, keep + 1)[:, 0])
-        elif labels is not None:
-            targets = labels[:, 1:]
+            loss = F.cross_entropy(logits[:, 0].float(), targets.gather(1, keep)[:, 0])
+        elif targets is not None:
             logits = self.lm_head(h)
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(),
-                                   ignore_index=IGNORE_INDEX)
+            scored = logits[:, :targets.shape[1]]
+            loss = F.cross_entropy(scored.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         else:
             logits = self.lm_head(slice_logits_to_keep(h, logits_to_keep))
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states,
+                                      attentions=out.attentions)
 
 
 # ------------------------------------------------------------- one class pair per architecture

@@ -1,5 +1,7 @@
 """The generation cache: every block's recurrent state, so that ``generate()`` runs each new token
-through the mixers' ``step`` forms (``mixers.py``) instead of re-reading the whole sequence.
+through the mixers' ``step`` forms (``mixers.py``) instead of re-reading the whole sequence. The
+prompt itself is read in one parallel pass by the mixers that can also return their final state
+(``forward_with_state``), token by token by the others.
 
 What a block keeps is its mixer's own ``step`` state: a fixed-size state for the recurrent mixers
 (Mamba's conv window and h, DeltaNet's S, Based's [S | z], H3's shift register and SSM state,
@@ -45,10 +47,11 @@ class RecurrentCache(Cache):
             self.next_position = torch.zeros(batch, dtype=torch.long, device=device)
         return self.next_position
 
-    def advance(self, mask: torch.Tensor | None) -> None:
-        """One position processed; ``mask`` (B,) False where it was padding (its row's count stays)."""
-        self.seen += 1
-        self.next_position = self.next_position + (1 if mask is None else mask.long())
+    def advance(self, length: int, mask: torch.Tensor | None) -> None:
+        """``length`` positions processed; ``mask`` (B, length) False where they were padding (a
+        row counts its real tokens only), None = no padding."""
+        self.seen += length
+        self.next_position = self.next_position + (length if mask is None else mask.long().sum(1))
 
     # --- what generate() and transformers' Cache API use --------------------------------------
     def get_seq_length(self, layer_idx: int = 0) -> int:

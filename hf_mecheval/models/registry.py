@@ -6,7 +6,7 @@ configuration the tests build it with.
 
 Built-in mixer files register their architecture at their end, exactly as a plug-in does::
 
-    register_architecture(ArchitectureSpec(name="mamba", config_class=MambaConfig,
+    register_architecture(ArchitectureSpec(name="mamba", config_class=MechEvalMambaConfig,
                                            mixers={"mamba": MambaMixer}, class_stem="Mamba", ...))
 
 Everything else is derived from the registered specs: the model classes (``MechEval<stem>Model``
@@ -149,11 +149,18 @@ def on_register(subscriber) -> None:
 
 
 def spec_for_config(config_class: type) -> ArchitectureSpec:
-    """The spec whose config class is ``config_class`` (or the nearest registered base class)."""
+    """The spec whose config class is ``config_class`` (or the nearest registered base class), else
+    the one of its model type. The model type decides where the class is a second copy of a
+    registered one: transformers imports a checkpoint's remote code into one module folder per
+    file and its relative imports, so the config it reads (``configuration_mecheval`` alone) is not
+    the class the model's code registered (``modeling_mecheval`` and everything it imports)."""
     for klass in config_class.__mro__:
         for spec in ARCHITECTURES.values():
             if spec.config_class is klass:
                 return spec
+    for spec in ARCHITECTURES.values():
+        if spec.model_type == getattr(config_class, "model_type", None):
+            return spec
     raise ConfigError("config_class", f"{config_class.__name__} belongs to no registered architecture")
 
 

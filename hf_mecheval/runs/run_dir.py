@@ -151,7 +151,8 @@ RESULT_TRAINING_FIELDS = (
     "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "optim", "optim_args", "label_smoothing_factor",
     "bf16", "fp16", "dataloader_drop_last", "neftune_noise_alpha", "average_tokens_across_devices",
 )
-IGNORED_MODEL_FIELDS = ("transformers_version",)
+IGNORED_MODEL_FIELDS = ("transformers_version", "use_cache")
+"""Model fields that do not decide a run's result (``use_cache``: what a forward returns by default)."""
 
 
 def recorded_model(model: dict) -> dict:

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_mecheval.models.configuration_mecheval import DeltaNetConfig
+from hf_mecheval.models.configuration_mecheval import MechEvalDeltaNetConfig
 from hf_mecheval.models.sites import rerun_from_patched_states
 from hf_mecheval.models.mixer_delta_net import DeltaNetMixer, _l2norm
 from hf_mecheval.models.ops_delta_rule import delta_rule_chunked, delta_rule_recurrent, delta_rule_transition
@@ -20,7 +20,7 @@ def _inputs(B=2, H=2, L=11, dk=4, dv=3, seed=0):
 
 def _mixer(heads=2, hidden=8, seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = DeltaNetConfig(hidden_size=hidden, num_attention_heads=heads, chunk_size=4, **kw)
+    cfg = MechEvalDeltaNetConfig(hidden_size=hidden, num_attention_heads=heads, chunk_size=4, **kw)
     return DeltaNetMixer(cfg, layer_idx=0).double()
 
 
@@ -152,7 +152,7 @@ def test_state_patch_gradients_reach_patch():
 
 def test_float32_default_dtype_runs():
     torch.manual_seed(0)
-    m = DeltaNetMixer(DeltaNetConfig(hidden_size=8, num_attention_heads=2, chunk_size=4), 0)
+    m = DeltaNetMixer(MechEvalDeltaNetConfig(hidden_size=8, num_attention_heads=2, chunk_size=4), 0)
     x = torch.randn(2, 11, 8)
     y = m(x)
     state, ys = None, []

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_mecheval.models.configuration_mecheval import GatedDeltaNetConfig
+from hf_mecheval.models.configuration_mecheval import MechEvalGatedDeltaNetConfig
 from hf_mecheval.models.ops_delta_rule import delta_rule_recurrent
 from hf_mecheval.models.mixer_gated_delta_net import GatedDeltaNetMixer
 from hf_mecheval.models.ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_readout,
@@ -28,7 +28,7 @@ def _mixer(seed=0, **kw):
     torch.manual_seed(seed)
     fields = dict(hidden_size=8, num_attention_heads=2, chunk_size=4)
     fields.update(kw)
-    return GatedDeltaNetMixer(GatedDeltaNetConfig(**fields), layer_idx=0).double()
+    return GatedDeltaNetMixer(MechEvalGatedDeltaNetConfig(**fields), layer_idx=0).double()
 
 
 def _x(B=2, L=11, D=8, seed=1):
@@ -204,7 +204,7 @@ def test_state_patch_gradients_reach_the_patch():
 
 def test_float32_default_dtype_runs():
     torch.manual_seed(0)
-    m = GatedDeltaNetMixer(GatedDeltaNetConfig(hidden_size=8, num_attention_heads=2, chunk_size=4), 0)
+    m = GatedDeltaNetMixer(MechEvalGatedDeltaNetConfig(hidden_size=8, num_attention_heads=2, chunk_size=4), 0)
     x = torch.randn(2, 11, 8)
     y = m(x)
     state, ys = None, []
@@ -222,5 +222,5 @@ def test_layout_and_initialisation_follow_flash_linear_attention():
     assert m.q_conv1d.bias is None and m.o_norm.weight.shape == (64,)
     A, dt = torch.exp(m.A_log), F.softplus(m.dt_bias)
     assert ((A > 0) & (A <= 16)).all() and ((dt >= 1e-4 - 1e-9) & (dt <= 0.1 + 1e-9)).all()
-    default = GatedDeltaNetConfig(hidden_size=64)
+    default = MechEvalGatedDeltaNetConfig(hidden_size=64)
     assert (default.num_attention_heads, default.key_head_dim, default.value_head_dim) == (1, 64, 64)

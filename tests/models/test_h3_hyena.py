@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hf_mecheval.models import build_model
-from hf_mecheval.models.configuration_mecheval import H3Config, HyenaConfig
+from hf_mecheval.models.configuration_mecheval import MechEvalH3Config, MechEvalHyenaConfig
 from hf_mecheval.models.registry import mixer_class
 from hf_mecheval.models.mixer_hyena import HyenaOperator
 
@@ -14,13 +14,13 @@ D, L, B = 8, 24, 2  # L > d_state so every shift-SSM tap is used
 def make_h3(**kw):
     """The mixer the config's ssm_form names, as the model builds it."""
     torch.manual_seed(0)
-    config = H3Config(hidden_size=D, d_state=16, head_dim=2, **kw)
+    config = MechEvalH3Config(hidden_size=D, d_state=16, head_dim=2, **kw)
     return mixer_class(config.layer_mixers()[0])(config, layer_idx=0).double()
 
 
 def make_hyena(**kw):
     torch.manual_seed(0)
-    return HyenaOperator(HyenaConfig(hidden_size=D, max_filter_length=64, **kw), layer_idx=0).double()
+    return HyenaOperator(MechEvalHyenaConfig(hidden_size=D, max_filter_length=64, **kw), layer_idx=0).double()
 
 
 MIXERS = {"h3": make_h3, "hyena": make_hyena}
@@ -32,7 +32,7 @@ def inputs(length=L):
 
 @pytest.mark.parametrize("name", MIXERS)
 def test_parameter_count_at_128(name):
-    cfg = H3Config(hidden_size=128) if name == "h3" else HyenaConfig(hidden_size=128)
+    cfg = MechEvalH3Config(hidden_size=128) if name == "h3" else MechEvalHyenaConfig(hidden_size=128)
     m = mixer_class(cfg.layer_mixers()[0])(cfg, layer_idx=0)
     print(f"\n{name} mixer parameters at hidden_size 128 (config defaults): "
           f"{sum(p.numel() for p in m.parameters()):,}")

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_mecheval  # noqa: F401  (registers the Auto classes)
 from hf_mecheval.models import build_model
-from hf_mecheval.models.configuration_mecheval import FORM_FIELDS, H3Config
+from hf_mecheval.models.configuration_mecheval import FORM_FIELDS, MechEvalH3Config
 from hf_mecheval.models.errors import ConfigError
 from hf_mecheval.models.mixer_h3 import H3MechEvalV1, H3Reference
 
@@ -27,7 +27,7 @@ def reference_mixer(D=4, N=6, P=2, seed=0, perturb=True):
     """A float64 reference-form mixer; with ``perturb``, every SSM parameter moved away from its
     initial value (B off e_0 and off 1, A's real parts off -1/2, ...), so that each one matters."""
     torch.manual_seed(seed)
-    m = H3Reference(H3Config(hidden_size=D, d_state=N, head_dim=P), layer_idx=0).double()
+    m = H3Reference(MechEvalH3Config(hidden_size=D, d_state=N, head_dim=P), layer_idx=0).double()
     if perturb:
         g = torch.Generator().manual_seed(seed + 100)
         with torch.no_grad():
@@ -297,16 +297,16 @@ def test_the_committed_h3_checkpoint_loads_as_v1_with_every_key():
 @pytest.mark.parametrize("bad", ["mecheval-v2", "Reference", None, 1])
 def test_bad_ssm_forms_name_the_field(bad):
     with pytest.raises(ConfigError) as info:
-        H3Config(ssm_form=bad)
+        MechEvalH3Config(ssm_form=bad)
     assert info.value.field == "ssm_form"
     assert "'reference', 'mecheval-v1'" in str(info.value)
 
 
 def test_the_reference_form_needs_two_states():
     with pytest.raises(ConfigError) as info:
-        H3Config(d_state=1)
+        MechEvalH3Config(d_state=1)
     assert info.value.field == "d_state"
-    assert H3Config(d_state=1, ssm_form="mecheval-v1").d_state == 1
+    assert MechEvalH3Config(d_state=1, ssm_form="mecheval-v1").d_state == 1
 
 
 def test_a_new_model_saves_and_reloads_the_reference_form(tmp_path):

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_mecheval.models.configuration_mecheval import Mamba2Config
+from hf_mecheval.models.configuration_mecheval import MechEvalMamba2Config
 from hf_mecheval.models.mixer_mamba2 import Mamba2Mixer
 from hf_mecheval.models.ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from hf_mecheval.models.sites import rerun_from_patched_states
@@ -26,7 +26,7 @@ def _mixer(seed=0, **kw):
     torch.manual_seed(seed)
     fields = dict(hidden_size=8, d_state=4, head_dim=4, chunk_size=4)   # 4 heads
     fields.update(kw)
-    return Mamba2Mixer(Mamba2Config(**fields), layer_idx=0).double()
+    return Mamba2Mixer(MechEvalMamba2Config(**fields), layer_idx=0).double()
 
 
 def _x(B=2, L=11, D=8, seed=1):
@@ -204,7 +204,7 @@ def test_state_patch_gradients_reach_the_patch():
 
 def test_float32_default_dtype_runs():
     torch.manual_seed(0)
-    m = Mamba2Mixer(Mamba2Config(hidden_size=8, d_state=4, head_dim=4, chunk_size=4), 0)
+    m = Mamba2Mixer(MechEvalMamba2Config(hidden_size=8, d_state=4, head_dim=4, chunk_size=4), 0)
     x = torch.randn(2, 11, 8)
     y = m(x)
     state, ys = None, []

@@ -6,7 +6,7 @@ import torch
 from transformers import MambaConfig as HFMambaConfig
 from transformers.models.mamba.modeling_mamba import MambaMixer as HFMambaMixer
 
-from hf_mecheval.models.configuration_mecheval import MambaConfig
+from hf_mecheval.models.configuration_mecheval import MechEvalMambaConfig
 from hf_mecheval.models.mixer_mamba import MambaMixer
 
 
@@ -14,7 +14,7 @@ def pair(seed: int = 0):
     """(ours, theirs) with the same weights: hidden 16, expand 2, state 4, conv width 4. float32:
     transformers computes A in float32 whatever the module's dtype."""
     torch.manual_seed(seed)            # only to initialise both modules; every value is copied across
-    ours = MambaMixer(MambaConfig(hidden_size=16, d_state=4, conv_kernel=4), layer_idx=0)
+    ours = MambaMixer(MechEvalMambaConfig(hidden_size=16, d_state=4, conv_kernel=4), layer_idx=0)
     theirs = HFMambaMixer(HFMambaConfig(hidden_size=16, state_size=4, expand=2, conv_kernel=4,
                                         time_step_rank=ours.R, use_bias=False, use_conv_bias=True), 0)
     with torch.no_grad():

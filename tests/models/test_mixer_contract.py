@@ -51,12 +51,12 @@ def inputs(config, B=2, L=12, seed=1):
     return torch.randn(B, L, config.hidden_size, generator=torch.Generator().manual_seed(seed), dtype=f64)
 
 
-def run_steps(mixer, x, mask=None):
-    state, ys = None, []
+def run_steps(mixer, x, mask=None, state=None, return_state=False):
+    ys = []
     for t in range(x.shape[1]):
         y_t, state = mixer.step(x[:, t], state, None if mask is None else mask[:, t])
         ys.append(y_t)
-    return torch.stack(ys, 1)
+    return (torch.stack(ys, 1), state) if return_state else torch.stack(ys, 1)
 
 
 @pytest.mark.parametrize("arch, variant, layer", CASES)
@@ -76,6 +76,39 @@ def test_step_equals_forward(arch, variant, layer):
     mixer, config = make_mixer(arch, variant, layer)
     x = inputs(config, L=13)
     torch.testing.assert_close(run_steps(mixer, x), mixer(x), rtol=0, atol=1e-9)
+
+
+def tensors_of(state) -> list:
+    """Every tensor (or None) of a nested tuple / list / dict state, in order."""
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (tuple, list)):
+        return [t for part in state for t in tensors_of(part)]
+    return [state]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+@pytest.mark.parametrize("arch, variant, layer", CASES)
+def test_forward_with_state_leaves_the_state_of_stepping_through_the_sequence(arch, variant, layer, padded):
+    mixer, config = make_mixer(arch, variant, layer)
+    if not hasattr(mixer, "forward_with_state"):
+        pytest.skip(f"{type(mixer).__name__} has no forward_with_state: a prompt is stepped through token by token")
+    x, more = inputs(config, L=13), inputs(config, L=3, seed=2)      # 16 in all: the tiny long filters
+    mask = None
+    if padded:
+        mask = torch.ones(x.shape[:2], dtype=torch.bool)
+        mask[0, :5] = False
+    y, state = mixer.forward_with_state(x, mask)
+    stepped, stepped_state = run_steps(mixer, x, mask, return_state=True)
+    torch.testing.assert_close(y, mixer(x, mask=mask), rtol=0, atol=1e-12)
+    # the same state, tensor for tensor, and the same continuation from it
+    got, want = tensors_of(state), tensors_of(stepped_state)
+    assert [getattr(t, "shape", None) for t in got] == [getattr(t, "shape", None) for t in want]
+    for g, w in zip(got, want):
+        if w is not None:
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-9)
+    torch.testing.assert_close(run_steps(mixer, more, state=state), run_steps(mixer, more, state=stepped_state),
+                               rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("arch, variant, layer", CASES)

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_mecheval  # noqa: F401  (registers the Auto classes)
 from hf_mecheval.models import build_model
-from hf_mecheval.models.configuration_mecheval import BaseConvConfig, BasedConfig, HyenaConfig
+from hf_mecheval.models.configuration_mecheval import MechEvalBaseConvConfig, MechEvalBasedConfig, MechEvalHyenaConfig
 from hf_mecheval.models.convolutions import Sin
 from hf_mecheval.models.errors import ConfigError
 from hf_mecheval.models.mixer_base_conv import BaseConv
@@ -41,7 +41,7 @@ def features_by_hand(length: int, max_length: int) -> torch.Tensor:
 
 def hyena(D=6, order=5, max_length=20, seed=0, **fields):
     torch.manual_seed(seed)
-    config = HyenaConfig(hidden_size=D, filter_order=order, max_filter_length=max_length, **fields)
+    config = MechEvalHyenaConfig(hidden_size=D, filter_order=order, max_filter_length=max_length, **fields)
     return HyenaOperator(config, layer_idx=0).double()
 
 
@@ -147,7 +147,7 @@ def test_v1_hyena_keeps_its_skip_term():
 def test_reference_baseconv_long_conv_is_h_conv_u_plus_u():
     D, hidden, T, L = 3, 5, 10, 7
     torch.manual_seed(0)
-    config = BaseConvConfig(hidden_size=D, kernel_schedule=["long"], long_filter_order=hidden, max_filter_length=T)
+    config = MechEvalBaseConvConfig(hidden_size=D, kernel_schedule=["long"], long_filter_order=hidden, max_filter_length=T)
     mixer = BaseConv(config, layer_idx=0).double()
     names = {n for n, _ in mixer.named_parameters()}
     assert names == {"projection.weight", "projection.bias", "conv.mlp.0.weight", "conv.mlp.0.bias",
@@ -183,9 +183,9 @@ def test_the_reference_hyena_positions_are_a_trained_parameter():
 
 
 def test_the_mlp_width_defaults_to_the_reference_16():
-    assert BaseConvConfig().long_filter_order == 16 and BasedConfig().long_filter_order == 16
-    assert HyenaConfig().filter_form == "reference"
-    assert BaseConvConfig().long_conv_form == BasedConfig().long_conv_form == "reference"
+    assert MechEvalBaseConvConfig().long_filter_order == 16 and MechEvalBasedConfig().long_filter_order == 16
+    assert MechEvalHyenaConfig().filter_form == "reference"
+    assert MechEvalBaseConvConfig().long_conv_form == MechEvalBasedConfig().long_conv_form == "reference"
 
 
 # ------------------------------------------------------------------ initialisation in a model
@@ -265,7 +265,7 @@ def test_a_new_model_saves_and_reloads_the_reference_form(arch, fields, tmp_path
 
 
 @pytest.mark.parametrize("config_class, field", [
-    (HyenaConfig, "filter_form"), (BaseConvConfig, "long_conv_form"), (BasedConfig, "long_conv_form")])
+    (MechEvalHyenaConfig, "filter_form"), (MechEvalBaseConvConfig, "long_conv_form"), (MechEvalBasedConfig, "long_conv_form")])
 def test_bad_forms_name_the_field(config_class, field):
     with pytest.raises(ConfigError) as info:
         config_class(**{field: "mecheval-v2"})

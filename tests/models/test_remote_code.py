@@ -6,6 +6,7 @@ import os
 import site
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,7 +49,7 @@ def test_save_pretrained_writes_the_code_and_auto_map(tmp_path):
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["auto_map"] == auto_map(MODEL_CLASSES["mamba"][0]) == {
-        "AutoConfig": "configuration_mecheval.MambaConfig",
+        "AutoConfig": "configuration_mecheval.MechEvalMambaConfig",
         "AutoModel": "modeling_mecheval.MechEvalMambaModel",
         "AutoModelForCausalLM": "modeling_mecheval.MechEvalMambaForCausalLM"}
     for f in remote_code_files():
@@ -196,3 +197,75 @@ def test_loading_a_run_as_remote_code_does_not_warn_about_its_model_type(tmp_pat
     # pass trust_remote_code=True to AutoTokenizer too)
     untrusted = [m for m in seen["tokenizer without trust_remote_code"] if wrong_type in m]
     assert untrusted and "`mecheval-mamba` to instantiate a model of type ``" in untrusted[0]
+
+
+# The whole path a Hub user takes with only torch and transformers: load -> generate -> fine-tune
+# with Trainer (checkpoints included) -> save_pretrained -> load again -> the same logits.
+HUB_USER = r"""
+import importlib.util, json, sys
+sys.path[1:1] = json.loads(sys.argv[1])
+assert importlib.util.find_spec("hf_mecheval") is None, "hf_mecheval is importable"
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+results = {}
+for folder in json.loads(sys.argv[2]):
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    ids = torch.load(folder + "/ids.pt")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    answer = model.generate(ids)                                         # the checkpoint's own generation config
+    labels = torch.full_like(ids, -100)
+    labels[:, -1] = ids[:, -1]
+    docs = [{"input_ids": i, "labels": l} for i, l in zip(ids, labels)]
+    args = TrainingArguments(output_dir=folder + "-ft", max_steps=2, per_device_train_batch_size=2,
+                             learning_rate=1e-2, save_steps=1, report_to="none", use_cpu=True, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=docs).train()
+    changed = any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    model.save_pretrained(folder + "-saved")
+    again = AutoModelForCausalLM.from_pretrained(folder + "-saved", trust_remote_code=True)
+    checkpoint = AutoModelForCausalLM.from_pretrained(folder + "-ft/checkpoint-2", trust_remote_code=True)
+    model.eval()
+    with torch.no_grad():
+        logits = model(ids).logits
+        same = torch.equal(logits, again.eval()(ids).logits) and torch.equal(logits, checkpoint.eval()(ids).logits)
+    torch.save(logits, folder + "-saved/logits.pt")
+    results[folder] = {"answer": answer[:, -1].tolist(), "new_tokens": answer.shape[1] - ids.shape[1],
+                       "changed": changed, "same": same}
+with open("hub_user.json", "w") as f:
+    json.dump(results, f)
+"""
+
+
+def test_a_hub_user_fine_tunes_saves_and_reloads_without_hf_mecheval(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folders = {}
+    for arch in ARCHS:
+        folder = tmp_path / arch
+        tiny(arch).save_pretrained(folder)
+        torch.save(torch.randint(3, 11, (4, 9), generator=torch.Generator().manual_seed(1)), folder / "ids.pt")
+        folders[arch] = folder
+    script = tmp_path / "hub_user.py"
+    script.write_text(HUB_USER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-S", str(script), json.dumps(site.getsitepackages()),
+                           json.dumps([str(f) for f in folders.values()])],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "hub_user.json").read_text())
+    for arch, folder in folders.items():
+        result = results[str(folder)]
+        ids = torch.load(folder / "ids.pt")
+        with torch.no_grad():
+            expected = tiny(arch).eval()(ids).logits[:, -1].argmax(-1)
+        assert result["new_tokens"] == 1 and result["answer"] == expected.tolist()
+        assert result["changed"] and result["same"], (arch, result)
+        # what the user saved is a checkpoint like ours: code, auto_map, and the package reads it too
+        saved = Path(f"{folder}-saved")
+        config = json.loads((saved / "config.json").read_text())
+        assert config["auto_map"] == auto_map(MODEL_CLASSES[arch][0])
+        assert {f.name for f in remote_code_files()} <= {p.name for p in saved.glob("*.py")}
+        reloaded = AutoModelForCausalLM.from_pretrained(saved)
+        assert type(reloaded) is MODEL_CLASSES[arch][2]
+        with torch.no_grad():      # (the package's Mamba scan may be the compiled one: float32 rounding apart)
+            torch.testing.assert_close(reloaded.eval()(ids).logits, torch.load(saved / "logits.pt"), rtol=0, atol=1e-6)
