@@ -158,14 +158,19 @@ def native_config(architecture: str, *, vocab_size: int, hidden_size: int, num_h
 
 
 def build_native_model(config):
-    """A freshly initialised ``AutoModelForCausalLM`` of ``config`` (the caller seeds torch)."""
+    """A freshly initialised ``AutoModelForCausalLM`` of ``config`` (the caller seeds torch), whose
+    ``generate()`` answers one token greedily by default, as hf-mecheval's own models."""
     from transformers import AutoModelForCausalLM
 
+    from ..models.modeling_mecheval import answer_one_token
+
     try:
-        return AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)
     except (ValueError, TypeError, RuntimeError, AttributeError) as exc:
         raise MechEvalError(f"hf:{config.model_type} cannot be built with this config: "
                             f"{(str(exc).splitlines() or [''])[0]}") from None
+    answer_one_token(model.generation_config)
+    return model
 
 
 def count_native_parameters(config) -> int:

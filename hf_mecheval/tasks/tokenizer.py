@@ -17,7 +17,8 @@ from __future__ import annotations
 
 
 def build_tokenizer(task):
-    """A ``PreTrainedTokenizerFast`` whose id i is ``task.token_names()[i]``."""
+    """A ``PreTrainedTokenizerFast`` whose id i is ``task.token_names()[i]``, whose
+    ``model_max_length`` is the task's longest document (transformers warns about longer input)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -29,4 +30,5 @@ def build_tokenizer(task):
     # followed by the decoded new tokens ("... <eos> k12" + " v5")
     backend.decoder = decoders.Replace(Regex("^(?!<bos>)"), " ")
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", padding_side="left")
+                                   eos_token="<eos>", padding_side="left",
+                                   model_max_length=task.max_document_length())

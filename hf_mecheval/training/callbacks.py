@@ -97,7 +97,11 @@ class RestorationCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0 and state.is_world_process_zero:
+            # Trainer.log clears control.should_log, which the Trainer set for this step's own
+            # loss / grad_norm / learning_rate entry: keep it, or that entry is never written
+            should_log = control.should_log
             self.measure(model, state.global_step)
+            control.should_log = should_log
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:

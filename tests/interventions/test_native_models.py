@@ -169,6 +169,9 @@ def test_train_and_evaluate_end_to_end(tmp_path, capsys, model_type, class_name)
     assert train([*TINY, "--architecture", f"hf:{model_type}", "--output_dir", str(run), *extra]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["model_type"] == model_type and "auto_map" not in config
+    # generate() and pipeline answer one token greedily, as for hf-mecheval's own models
+    generation = json.loads((run / "generation_config.json").read_text())
+    assert generation["max_new_tokens"] == 1 and generation.get("do_sample", False) is False
     record = json.loads((run / "run.json").read_text())["model"]
     assert record["architecture"] == f"hf:{model_type}" and record["hidden_size"] == 16
     loaded = subprocess.run([sys.executable, "-c", LOAD_PLAIN, str(run)], capture_output=True, text=True)

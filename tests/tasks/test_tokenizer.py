@@ -42,3 +42,6 @@ def test_batches_are_left_padded_and_saved_tokenizers_load_with_autotokenizer(tm
     batch = tokenizer(["<bos> t1 t2 <eos> t1", "<bos> t5 <eos> t5"], padding=True)
     assert batch["input_ids"][1][:1] == [0] and batch["attention_mask"][1] == [0, 1, 1, 1, 1]
     assert np.array(batch["input_ids"]).shape == (2, 5)
+    # its longest input is the task's longest document (ATR easy: sentences of up to 1 024 tokens and
+    # 5 more), saved with it
+    assert tokenizer.model_max_length == build_task("atr_easy").max_document_length() == 1029

@@ -60,6 +60,9 @@ def test_restoration_callback_in_a_users_trainer_logs_through_trainer_log(atr, t
     trainer.train()
     measured = [e for e in trainer.state.log_history if "restoration_accuracy" in e]
     assert [e["step"] for e in measured] == [2, 4]
+    # the Trainer's own entries at the same steps are still written
+    own = [e for e in trainer.state.log_history if "loss" in e]
+    assert [e["step"] for e in own] == [2, 4] and all("grad_norm" in e and "learning_rate" in e for e in own)
     assert sum("restoration_accuracy" in logs for logs in seen) == 2
     assert "restoration_accuracy" in capsys.readouterr().out                 # the console
     assert (tmp_path / "out" / "restoration_history.json").exists()
