@@ -4,8 +4,8 @@ over the same prompt as the floor, for every architecture, in the same run.
 
 Setting: vocabulary 8196, hidden 64, 2 layers, a batch of 1 prompt of ``--length`` tokens (1 000
 by default), PyTorch path (``kernels="torch"``), 1 thread by default. Prints the median seconds of
-each and the ratios: prefill / forward (near 1 where the mixer prefills in parallel; H3 steps
-through the prompt) and token-by-token / prefill (the speed-up).
+each and the ratios: prefill / forward (near 1: every default form prefills in parallel; H3's
+earlier mecheval-v1 form would step through the prompt) and token-by-token / prefill (the speed-up).
 
     python benchmarks/bench_prefill.py [--length 1000] [--rounds 3] [--only mamba transformer] [--threads 1]
 """

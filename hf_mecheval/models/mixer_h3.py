@@ -427,6 +427,38 @@ class H3Reference(H3):
         q = self._by_index_and_head(q)                                         # (..., P, H)
         return (q[..., :, None, :] * s.unflatten(-1, (P, P, H))).sum(-3).flatten(-2)
 
+    def forward_with_state(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """forward(x, mask) and the state ``step`` continues from: (the shift SSM's state (B, D, N),
+        the diagonal SSM's state in real coordinates (B, C, N/2, 2)), each summed in closed form."""
+        L = x.shape[1]
+        q, k_in, v = self.q_proj(x), zero_padding(self.k_proj(x), mask), self.v_proj(x)   # (B, L, D)
+        k = self.conv_output(self._shift(k_in))
+        u = self._outer(k, v)                                                  # (B, L, C)
+        s = causal_conv(u, self.ssm_kernel(L)) + self._skip() * u
+        return self.out_proj(self._contract(q, s)), (self._shift_state_after(k_in), self._ssm_state_after(u))
+
+    def _shift_state_after(self, k: torch.Tensor) -> torch.Tensor:
+        """The shift SSM's state after reading k (B, L, D): x[n] = sum_{j <= n} B[n - j] k_{L-1-j}
+        (the input j steps back, shifted n - j places since it entered through B), a causal
+        convolution of the last N inputs, newest first, with B. -> (B, D, N)."""
+        N, L = self.d_state, k.shape[1]
+        newest_first = F.pad(k[:, max(0, L - N):].flip(1), (0, 0, 0, max(0, N - L)))   # (B, N, D)
+        return causal_conv(newest_first, self.ssm_k_kernel.B.to(k.dtype)).transpose(1, 2)
+
+    def _ssm_state_after(self, u: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+        """The diagonal SSM's state after reading u (B, L, C): h = sum_s dA^(L-1-s) dB u_s, chunk by
+        chunk (each chunk's sum by its powers of dA, (C, N/2, chunk), then carried across chunks
+        by dA^chunk). -> real coordinates (B, C, N/2, 2)."""
+        dA, dB, _ = self._expanded()                                           # (C, N/2) complex
+        h = torch.zeros(u.shape[0], *dA.shape, dtype=dA.dtype, device=u.device)
+        for start in range(0, u.shape[1], chunk):
+            part = u[:, start:start + chunk].to(dA.dtype)                      # (B, t, C)
+            t = part.shape[1]
+            lags = torch.arange(t - 1, -1, -1, device=u.device, dtype=dA.real.dtype)
+            powers = dA[..., None] ** lags                                     # (C, N/2, t): dA^(t-1-i)
+            h = dA ** t * h + dB * torch.einsum("btc,cnt->bcn", part, powers)
+        return torch.view_as_real(h)
+
     # --- the shift SSM ----------------------------------------------------------------------------
 
     def _shift(self, k):
