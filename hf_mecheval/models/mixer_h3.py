@@ -447,16 +447,19 @@ class H3Reference(H3):
 
     def _ssm_state_after(self, u: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """The diagonal SSM's state after reading u (B, L, C): h = sum_s dA^(L-1-s) dB u_s, chunk by
-        chunk (each chunk's sum by its powers of dA, (C, N/2, chunk), then carried across chunks
-        by dA^chunk). -> real coordinates (B, C, N/2, 2)."""
+        chunk: each chunk's sum by the powers of dA, (C, N/2, chunk), computed once in polar form
+        |dA|^lag e^(i lag arg dA) (torch's complex ``**`` took 1.8 s for them at width 64 on a CPU,
+        complex exp 0.8 s), carried across chunks by dA^chunk. -> real coordinates (B, C, N/2, 2)."""
         dA, dB, _ = self._expanded()                                           # (C, N/2) complex
+        T = min(chunk, u.shape[1])
+        lags = torch.arange(T, -1, -1, device=u.device, dtype=dA.real.dtype)  # T, T-1, ..., 0
+        powers = torch.polar(dA.abs()[..., None] ** lags, dA.angle()[..., None] * lags)   # (C, N/2, T+1): dA^lag
         h = torch.zeros(u.shape[0], *dA.shape, dtype=dA.dtype, device=u.device)
-        for start in range(0, u.shape[1], chunk):
-            part = u[:, start:start + chunk].to(dA.dtype)                      # (B, t, C)
+        for start in range(0, u.shape[1], T):
+            part = u[:, start:start + T].to(dA.dtype)                          # (B, t, C)
             t = part.shape[1]
-            lags = torch.arange(t - 1, -1, -1, device=u.device, dtype=dA.real.dtype)
-            powers = dA[..., None] ** lags                                     # (C, N/2, t): dA^(t-1-i)
-            h = dA ** t * h + dB * torch.einsum("btc,cnt->bcn", part, powers)
+            # h <- dA^t h + sum_i dA^(t-1-i) dB u_i
+            h = powers[..., T - t] * h + dB * torch.einsum("btc,cnt->bcn", part, powers[..., T + 1 - t:])
         return torch.view_as_real(h)
 
     # --- the shift SSM ----------------------------------------------------------------------------
