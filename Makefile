@@ -24,7 +24,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet -e ".[test,interp]"
 	touch $(STAMP)
 
+# transformers' common model tests come from its release's source distribution (hash-checked)
 test: $(STAMP)
+	$(PY) tests/hf_common/fetch.py
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q --durations=15
 
 # The main job: 8 models on a reduced AR setting, interventions, report (runs/quickstart/).

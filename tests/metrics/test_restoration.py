@@ -31,6 +31,23 @@ def test_bootstrap_interval_contains_the_estimate_and_shrinks_with_n():
     assert (hi_b - lo_b) == pytest.approx(2 * 1.96 / np.sqrt(5000), rel=0.2)
 
 
+def test_bootstrap_intervals_equal_scipys_percentile_bootstrap():
+    """scipy.stats.bootstrap (percentile, paired, the same generator) as a second implementation:
+    the same intervals. Ours stays for resamples where the ratio is undefined (a denominator at or
+    below the threshold): it drops them, where scipy's interval becomes NaN."""
+    stats = pytest.importorskip("scipy.stats")
+    from hf_mecheval.metrics.restoration import _ratio_of_means
+
+    rng = np.random.default_rng(1)
+    clean, corrupt, patched = 0.8 + 0.2 * rng.random(60), 0.1 * rng.random(60), rng.random(60)
+    cases = [(lambda x, axis=-1: x.mean(axis), (patched,)),
+             (lambda c, k, p, axis=-1: _ratio_of_means(c, k, p, 0.01), (clean, corrupt, patched))]
+    for statistic, arrays in cases:
+        theirs = stats.bootstrap(arrays, statistic, paired=True, vectorized=True, n_resamples=1000, batch=1000,
+                                 method="percentile", rng=np.random.default_rng(0)).confidence_interval
+        assert bootstrap_interval(statistic, arrays, 1000, seed=0) == pytest.approx(tuple(theirs), rel=1e-12)
+
+
 def test_summary_fields():
     s = summarize_restoration([0.9] * 20, [0.1] * 20, [0.5] * 20, n_resamples=100)
     assert s["restoration"] == pytest.approx(0.5) and s["restoration_ci"] == pytest.approx((0.5, 0.5))
