@@ -63,6 +63,10 @@ def test_the_wheel_is_what_runs(installed):
     python, work = installed
     out = run(installed, str(python), "-c", "import hf_mecheval; print(hf_mecheval.__file__)").stdout
     assert str(python.parent.parent) in out and str(ROOT) not in out
+    # the licence as an SPDX expression (core metadata 2.4), not the deprecated table form
+    metadata = run(installed, str(python), "-c", "from importlib.metadata import metadata; "
+                                                 "print(metadata('hf-mecheval')['License-Expression'])").stdout
+    assert metadata.strip() == "Apache-2.0"
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ from .configuration_mecheval import (MechEvalBaseConvConfig, MechEvalBasedConfig
                                      MechEvalMambaConfig, MechEvalTransformerConfig)
 from .modeling_mecheval import MODEL_CLASSES, MechEvalForCausalLM, MechEvalModel, auto_map, save_remote_code
 from .plugins import architecture_names, get_architecture, load_plugins, require_checkpoint_architecture
-from .errors import ConfigError
 from .registry import ARCHITECTURES, MIXERS, TINY_SIZES, ArchitectureSpec, on_register, register_architecture
 
 _registered = False
@@ -26,14 +25,8 @@ _registered = False
 
 def _register_with_auto_classes(spec: ArchitectureSpec) -> None:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     config_cls, model_cls, lm_cls = MODEL_CLASSES[spec.name]
-    # transformers' Auto classes and pipelines recognise a config class by its *name*: one named
-    # like one of theirs (MambaConfig) is taken for theirs, and builds their model
-    if config_cls.__name__ in set(CONFIG_MAPPING_NAMES.values()):
-        raise ConfigError("config_class", f"{spec.name}: {config_cls.__name__} is the name of a transformers "
-                                          f"config class; name it after the architecture, e.g. MechEval{spec.class_stem}Config")
     AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
     AutoModel.register(config_cls, model_cls, exist_ok=True)
     AutoModelForCausalLM.register(config_cls, lm_cls, exist_ok=True)

@@ -15,7 +15,9 @@ and ``MechEval<stem>ForCausalLM``, made in ``modeling_mecheval.py``), the Auto r
 the tests' lists. Code that derives something from every architecture subscribes with
 :func:`on_register`; it is then also told about architectures registered later (plug-ins).
 
-This module is part of the checkpoints' remote code: plain Python, no import outside this folder.
+This module is part of the checkpoints' remote code: plain Python, importing nothing outside this
+folder but transformers' table of its own config class names (which a spec's config class must
+not take).
 Plug-ins found through entry points are loaded by ``plugins.py``, which the remote code does not
 carry.
 """
@@ -76,6 +78,14 @@ class ArchitectureSpec:
             object.__setattr__(self, "class_stem", "".join(part.title() for part in self.name.split("_")))
         if not self.class_stem.isidentifier():
             raise ConfigError("class_stem", f"{self.name}: must be an identifier, got {self.class_stem!r}")
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        # transformers' Auto classes and pipelines recognise a config class by its *name*: one named
+        # like one of theirs (MambaConfig) is taken for theirs, and builds their model
+        if self.config_class.__name__ in set(CONFIG_MAPPING_NAMES.values()):
+            raise ConfigError("config_class", f"{self.name}: {self.config_class.__name__} is the name of a "
+                                              f"transformers config class; name it after the architecture, e.g. "
+                                              f"MechEval{self.class_stem}Config")
         if not self.package:
             object.__setattr__(self, "package", self.config_class.__module__.split(".")[0])
 

@@ -61,3 +61,8 @@ def test_unknown_names_and_clashing_registrations_are_refused():
                          kernel_packages={"attention": ("x",)})
     assert info.value.field == "kernel_packages"
     assert require_checkpoint_architecture("/nonexistent") is None       # left to transformers
+    # a config class named like one of transformers' would be taken for it (pipeline, from_config)
+    named_like_theirs = type("MambaConfig", (mamba.config_class,), {"model_type": "mecheval-mamba-clash"})
+    with pytest.raises(ConfigError, match="MambaConfig is the name of a transformers config class") as info:
+        ArchitectureSpec(name="clash", config_class=named_like_theirs, mixers=mamba.mixers, class_stem="Clash")
+    assert info.value.field == "config_class" and "clash" not in ARCHITECTURES

@@ -206,11 +206,14 @@ import importlib.util, json, sys
 sys.path[1:1] = json.loads(sys.argv[1])
 assert importlib.util.find_spec("hf_mecheval") is None, "hf_mecheval is importable"
 import torch
-from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
 
 results = {}
 for folder in json.loads(sys.argv[2]):
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    # a config of its own name: from_config builds this model, not transformers' namesake
+    built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, trust_remote_code=True),
+                                             trust_remote_code=True)
     ids = torch.load(folder + "/ids.pt")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     answer = model.generate(ids)                                         # the checkpoint's own generation config
@@ -230,7 +233,7 @@ for folder in json.loads(sys.argv[2]):
         same = torch.equal(logits, again.eval()(ids).logits) and torch.equal(logits, checkpoint.eval()(ids).logits)
     torch.save(logits, folder + "-saved/logits.pt")
     results[folder] = {"answer": answer[:, -1].tolist(), "new_tokens": answer.shape[1] - ids.shape[1],
-                       "changed": changed, "same": same}
+                       "changed": changed, "same": same, "from_config": type(built).__name__}
 with open("hub_user.json", "w") as f:
     json.dump(results, f)
 """
@@ -259,6 +262,7 @@ def test_a_hub_user_fine_tunes_saves_and_reloads_without_hf_mecheval(tmp_path):
         with torch.no_grad():
             expected = tiny(arch).eval()(ids).logits[:, -1].argmax(-1)
         assert result["new_tokens"] == 1 and result["answer"] == expected.tolist()
+        assert result["from_config"] == MODEL_CLASSES[arch][2].__name__
         assert result["changed"] and result["same"], (arch, result)
         # what the user saved is a checkpoint like ours: code, auto_map, and the package reads it too
         saved = Path(f"{folder}-saved")
