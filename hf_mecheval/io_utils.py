@@ -56,6 +56,21 @@ def _new_temporary_file(path: Path) -> Path:
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
 
 
+def new_file_mode() -> int:
+    """The mode a new file gets here: 0666 less the process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def give_new_file_mode(paths) -> None:
+    """Set ``paths`` (files) to ``new_file_mode()``: for files a library wrote private (safetensors
+    writes its files 0600, whatever the umask), so that a run folder reads like any other output."""
+    mode = new_file_mode()
+    for path in paths:
+        os.chmod(path, mode)
+
+
 def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
     """Remove the temporaries (files and staged folders) that killed writers left anywhere under
     ``folder``; returns them. Only for a folder whose lock the caller holds."""

@@ -16,6 +16,7 @@ from transformers import Trainer, set_seed
 
 from ..adapters.native_config import build_native_model, is_native
 from ..errors import MechEvalError
+from ..io_utils import give_new_file_mode
 from ..models import build_model
 from ..runs import RunDir
 from ..runs.model_card import write_model_card
@@ -50,6 +51,12 @@ class MechEvalTrainer(Trainer):
         if getattr(self, "_parameter_count", None) is None:
             self._parameter_count = self.model.num_parameters(exclude_embeddings=True)
         return 6 * ids.numel() * self._parameter_count
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        # the model and every checkpoint: safetensors writes its files 0600, whatever the umask
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            give_new_file_mode(Path(output_dir or self.args.output_dir).glob("*.safetensors"))
 
     def _save_checkpoint(self, model, trial):
         with saving(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"):

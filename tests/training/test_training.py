@@ -3,6 +3,7 @@ two processes through `accelerate launch`."""
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -129,6 +130,11 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     b = load_file(tmp_path / "broken" / "model.safetensors")
     assert a.keys() == b.keys()
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    # the weights are readable as the other outputs are (safetensors writes 0600 by itself)
+    umask = os.umask(0o022)                               # (reads the process's umask; set back below)
+    os.umask(umask)
+    for weights in [tmp_path / "broken" / "model.safetensors", *(tmp_path / "broken").glob("checkpoint-*/*.safetensors")]:
+        assert stat.S_IMODE(weights.stat().st_mode) == 0o666 & ~umask, weights
 
 
 @pytest.mark.parametrize("extra, message", [
