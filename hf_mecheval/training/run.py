@@ -125,6 +125,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"mecheval train: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:    # Ctrl-C: one line, not a traceback from inside the training loop
+        print("mecheval train: interrupted; the run keeps its last checkpoint: the same command with --resume "
+              "continues it", file=sys.stderr)
+        return 130
     _end_process_group()
     if main_process:
         print(json.dumps(result, indent=2))

@@ -137,6 +137,21 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
         assert stat.S_IMODE(weights.stat().st_mode) == 0o666 & ~umask, weights
 
 
+def test_ctrl_c_is_one_line_and_says_how_to_continue(tmp_path, capsys, monkeypatch):
+    import hf_mecheval.training.run as run_module
+
+    args = run_args(tmp_path / "run", *SHORT)
+    # Ctrl-C inside the Trainer's loop, right after the checkpoint at step 20
+    original = run_module.train
+    monkeypatch.setattr(run_module, "train", lambda *a, **k: original(*a, **k, callbacks=[StopAt(20)]))
+    assert main(args) == 130
+    monkeypatch.setattr(run_module, "train", original)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mecheval train: interrupted") and "--resume" in err[-1]
+    assert "Traceback" not in "\n".join(err)
+    assert main([*args, "--resume"]) == 0                  # and it continues
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--architecture", "rwkv"], "architecture: unknown architecture 'rwkv'"),
     (["--task", "ar_64"], "task: unknown preset 'ar_64'"),
