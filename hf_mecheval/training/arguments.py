@@ -215,6 +215,10 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
     check_int("dataset_seed", data.dataset_seed, minimum=0)
     check_int("per_device_train_batch_size", training.per_device_train_batch_size, minimum=1)
     check_int("per_device_eval_batch_size", training.per_device_eval_batch_size, minimum=1)
+    # a run that would train no step would otherwise be saved as a finished, untrained run
+    check_int("gradient_accumulation_steps", training.gradient_accumulation_steps, minimum=1)
+    if training.max_steps == 0 or training.max_steps < -1:
+        raise ConfigError("max_steps", f"must be >= 1, or -1 for the epochs' steps, got {training.max_steps}")
     check_int("restoration_every_n_steps", run.restoration_every_n_steps, minimum=0)
     check_int("test_head_size", run.test_head_size, minimum=0)
     if run.restoration_every_n_steps > 0:
