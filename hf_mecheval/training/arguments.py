@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 import torch
@@ -219,6 +220,16 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
     check_int("gradient_accumulation_steps", training.gradient_accumulation_steps, minimum=1)
     if training.max_steps == 0 or training.max_steps < -1:
         raise ConfigError("max_steps", f"must be >= 1, or -1 for the epochs' steps, got {training.max_steps}")
+    # values transformers or torch would take without a word, or fail on deep inside training
+    for name in ("adam_beta1", "adam_beta2", "label_smoothing_factor"):
+        value = getattr(training, name)
+        if not 0 <= value < 1:
+            raise ConfigError(name, f"must be in [0, 1), got {value}")
+    if training.adam_epsilon <= 0:
+        raise ConfigError("adam_epsilon", f"must be > 0 (0 divides by zero where a gradient is 0), got {training.adam_epsilon}")
+    if training.weight_decay < 0:
+        raise ConfigError("weight_decay", f"must be >= 0, got {training.weight_decay}")
+    check_int("dataloader_num_workers", training.dataloader_num_workers, minimum=0, maximum=4 * (os.cpu_count() or 1))
     check_int("restoration_every_n_steps", run.restoration_every_n_steps, minimum=0)
     check_int("test_head_size", run.test_head_size, minimum=0)
     if run.restoration_every_n_steps > 0:
