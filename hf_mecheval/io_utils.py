@@ -293,6 +293,16 @@ def _place(where: str) -> str:
     return f'"{where}"' if where else "the top level"
 
 
+class between:
+    """A shape: a number (not true/false) from ``low`` to ``high``, e.g. an accuracy."""
+
+    def __init__(self, low: float, high: float):
+        self.low, self.high = low, high
+
+
+FRACTION = between(0, 1)
+
+
 class maybe:
     """In a dict shape: a key that may be missing, whose value has ``shape`` when present."""
 
@@ -329,6 +339,13 @@ def shape_problem(value, shape, where: str = "") -> str | None:
             problem = shape_problem(item, shape[0], f"{where}[{i}]")
             if problem:
                 return problem
+        return None
+    if isinstance(shape, between):
+        wanted = f"{_place(where)} should be a number from {shape.low} to {shape.high}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{wanted}, not {_json_name(type(value))}"
+        if not shape.low <= value <= shape.high:          # (NaN compares false too)
+            return f"{wanted}, not {value}"
         return None
     if shape is object or isinstance(value, shape):
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..io_utils import NUMBER, OPTIONAL_NUMBER, maybe, read_json
+from ..io_utils import FRACTION, NUMBER, OPTIONAL_NUMBER, maybe, read_json
 
 # run.json, written by `mecheval train` (training.trainer.run_record); what the reports tabulate and
 # plot must have its type, or one run of another type would break a table or a figure
@@ -18,7 +18,7 @@ RUN_RECORD = {"model": {"architecture": maybe(str), "hidden_size": int, "num_hid
               "task": {"preset": str, "config": dict},
               "training": {"learning_rate": maybe(NUMBER), "seed": maybe(int)}}
 # metrics.json, written last by `mecheval train`: its presence marks a finished run
-METRICS = {"final": {"validation_accuracy": NUMBER, "test_accuracy": NUMBER}}
+METRICS = {"final": {"validation_accuracy": FRACTION, "test_accuracy": FRACTION}}
 # interventions/interventions.json, written by `mecheval evaluate` (schema in interventions.grid)
 INTERVENTIONS = {
     "corruptions": {"key": {"clean_accuracy": NUMBER,
@@ -30,7 +30,7 @@ INTERVENTIONS = {
 RESTORATION_HISTORY = [{"step": int}]
 # results/<sweep>/runs.json: the rows of `mecheval report` (report.collect_runs)
 RESULT_ROWS = [{"label": str, "architecture": (str, type(None)), "task": str, "hidden_size": int, "layers": int,
-                "conv_kernel": object, "validation_accuracy": NUMBER, "test_accuracy": NUMBER}]
+                "conv_kernel": object, "validation_accuracy": FRACTION, "test_accuracy": FRACTION}]
 
 
 def read_interventions(path: str | Path) -> dict:
