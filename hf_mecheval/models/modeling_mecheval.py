@@ -130,15 +130,15 @@ class Block(GradientCheckpointingLayer):
         r = self.input(r)
         x = self.mixer_input(self.mixer_norm(r))
         weights = None
-        if output_attentions and getattr(self.mixer, "returns_attentions", False):
-            y, weights = self.mixer(x, mask=mask, output_attentions=True)     # the probabilities y is made of
-            r = r + self.mixer_output(y)
-            if keep is not None:
-                r = at_positions(r, keep)
-        elif keep is not None and getattr(self.mixer, "accepts_keep", False):
+        wants_weights = output_attentions and getattr(self.mixer, "returns_attentions", False)
+        if keep is not None and getattr(self.mixer, "accepts_keep", False) and not wants_weights:
             r = at_positions(r, keep) + self.mixer_output(self.mixer(x, keep=keep, mask=mask))
         else:
-            r = r + self.mixer_output(self.mixer(x, mask=mask))
+            if wants_weights:
+                y, weights = self.mixer(x, mask=mask, output_attentions=True)  # the probabilities y is made of
+            else:
+                y = self.mixer(x, mask=mask)
+            r = r + self.mixer_output(y)
             if keep is not None:
                 r = at_positions(r, keep)
         if self.mlp is not None:
