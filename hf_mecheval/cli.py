@@ -64,7 +64,7 @@ def _preset_names() -> list[str]:
 def _data_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .io_utils import locked_file, write_parquet_atomic
+    from .io_utils import locked_file, refuse_special_file, write_parquet_atomic
     from .tasks.presets import build_task
 
     overrides = _grammar_override(args.preset, args.grammar_seed)
@@ -73,6 +73,7 @@ def _data_generate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise MechEvalError(f"{out} is a folder; give a file name")
+    refuse_special_file(out)           # before the work, not after it
     with locked_file(out):              # a second writer of the same file is refused, not mixed in
         if out.exists() and not args.overwrite:    # before the work, not after it
             raise MechEvalError(f"{out} already exists; pass --overwrite to replace it")

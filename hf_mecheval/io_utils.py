@@ -95,6 +95,7 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = False):
     path = Path(path)
     if path.is_dir():
         raise MechEvalError(f"{path} is a folder; give a file name")
+    refuse_special_file(path)
     if path.exists() and not overwrite:
         raise MechEvalError(f"{path} already exists; pass --overwrite to replace it")
     try:
@@ -111,6 +112,19 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = False):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def refuse_special_file(path: Path) -> None:
+    """Refuse to write over ``path`` when it is not a regular file: a device (``/dev/null``), a
+    FIFO or a socket is never replaced by a file, even with ``--overwrite``."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return                               # missing (or unreadable: the write will say so)
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+        kind = ("a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise MechEvalError(f"{path} is {kind}, not a regular file; give a file name to write")
 
 
 def _rename_no_replace(tmp: Path, path: Path) -> None:
@@ -267,14 +281,91 @@ def refuse_non_finite(value, source: str) -> None:
 
 
 def loads_finite(text: str, source: str):
-    """``json.loads`` for input: NaN and Infinity, which Python's JSON accepts, are refused."""
+    """``json.loads`` for input: NaN and Infinity, which Python's JSON accepts, are refused, and
+    so is nesting deeper than ``MAX_NESTING``."""
     def refuse(constant):
         raise MechEvalError(f"{source}: {constant} is not a finite number (NaN and infinity are not allowed)")
 
     def number(text):                    # 1e999 reads as infinity
         value = float(text)
         return value if math.isfinite(value) else refuse(text)
-    return json.loads(text, parse_constant=refuse, parse_float=number)
+    try:
+        value = json.loads(text, parse_constant=refuse, parse_float=number)
+    except RecursionError:
+        raise MechEvalError(f"{source}: nested more than {MAX_NESTING} levels deep") from None
+    _check_shape_size(value, _value_children, source)
+    return value
+
+
+MAX_NESTING = 64            # levels of lists and mappings in any input file or flag: far more than any config has
+MAX_INPUT_VALUES = 100_000  # values in one input document, aliases expanded
+
+
+def load_yaml(text: str, source: str):
+    """``yaml.safe_load`` for input, refusing a document whose aliases would expand to more than
+    ``MAX_INPUT_VALUES`` values (an "anchor bomb": 9 aliases of 9 aliases ... is 9^9 values to
+    walk), a recursive alias, or nesting deeper than ``MAX_NESTING`` — checked on the composed
+    nodes, before any value is built."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_shape_size(node, _node_children, source)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise MechEvalError(f"{source}: nested more than {MAX_NESTING} levels deep") from None
+    finally:
+        loader.dispose()
+
+
+def _node_children(node) -> list:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _value_children(value) -> list:
+    if isinstance(value, dict):
+        return list(value.values())
+    return list(value) if isinstance(value, list) else []
+
+
+def _check_shape_size(root, children, source: str) -> None:
+    """Refuse ``root`` when, expanded as a tree, it holds more than ``MAX_INPUT_VALUES`` values,
+    nests deeper than ``MAX_NESTING``, or contains itself. Shared parts (YAML aliases) are sized
+    once each (depth first, without recursion), so a bomb is found in time linear in its text."""
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}
+    open_ = {id(root)}
+    stack = [(root, iter(children(root)))]
+    while stack:
+        node, pending = stack[-1]
+        child = next(pending, None)
+        if child is not None:
+            if id(child) in open_:
+                raise MechEvalError(f"{source}: a recursive alias (a value that contains itself)")
+            if id(child) not in size:
+                open_.add(id(child))
+                stack.append((child, iter(children(child))))
+                if len(stack) > MAX_NESTING:
+                    raise MechEvalError(f"{source}: nested more than {MAX_NESTING} levels deep")
+            continue
+        stack.pop()
+        open_.discard(id(node))
+        kids = children(node)
+        size[id(node)] = 1 + sum(size[id(c)] for c in kids)
+        height[id(node)] = 1 + max((height[id(c)] for c in kids), default=0)
+        if size[id(node)] > MAX_INPUT_VALUES:
+            raise MechEvalError(f"{source}: more than {MAX_INPUT_VALUES:,} values once its aliases are expanded")
+        if height[id(node)] > MAX_NESTING:
+            raise MechEvalError(f"{source}: nested more than {MAX_NESTING} levels deep")
 
 
 NUMBER = (int, float)

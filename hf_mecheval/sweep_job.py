@@ -54,11 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if train is not None:
         returncode = train_main(train, prog="python -m hf_mecheval.training.run")
     for run_dir in run_dirs:
-        if returncode:           # no grid after a failed training or grid
-            break
-        if RunDir(run_dir).finished and not RunDir(run_dir).evaluated:
+        run = RunDir(run_dir)
+        # a grid on every finished run that did not fail (in a stack, one copy may diverge)
+        if run.finished and not run.failure and not run.evaluated:
             print(f"=== mecheval evaluate {run_dir} {' '.join(grid_flags)}", flush=True)
-            returncode = cli_main(["evaluate", run_dir, *grid_flags])
+            returncode = cli_main(["evaluate", run_dir, *grid_flags]) or returncode
+            if returncode and train is None:     # a grid that failed: the next would too
+                break
     return returncode
 
 

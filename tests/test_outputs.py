@@ -160,3 +160,15 @@ def test_arrow_tables_are_chunked_below_the_list_offset_limit(tmp_path, monkeypa
     assert loaded.features == data.features()
     assert loaded[150]["input_ids"] == data.document(150)["input_ids"]
     assert data.to_dataset()[199]["labels"] == data.document(199)["labels"]
+
+
+def test_a_device_or_fifo_is_never_replaced_by_a_file(tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for target in (fifo, Path(os.devnull)):
+        assert mecheval(["data", "generate", "ar_32", "-n", "4", "--out", str(target), "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "not a regular file" in err[0], err
+        with pytest.raises(MechEvalError, match="not a regular file"):
+            write_text_atomic(target, "x", overwrite=True)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and stat.S_ISCHR(os.lstat(os.devnull).st_mode)

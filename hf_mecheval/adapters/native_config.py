@@ -170,7 +170,39 @@ def build_native_model(config):
         raise MechEvalError(f"hf:{config.model_type} cannot be built with this config: "
                             f"{(str(exc).splitlines() or [''])[0]}") from None
     answer_one_token(model.generation_config)
+    if not any(p.is_meta for p in model.parameters()):
+        require_causal(model)
     return model
+
+
+def require_causal(model) -> None:
+    """Refuse a model whose prediction at a position depends on later tokens (BERT's
+    ``BertLMHeadModel`` without ``is_decoder``): on these tasks it would see the answer it is
+    asked for. Checked on the built model: change the last token of a short sequence and compare
+    the logits before it."""
+    import torch
+
+    config = model.config
+    length = min(8, getattr(config, "max_position_embeddings", 8) or 8)
+    if length < 2:
+        return
+    tokens = torch.randint(3, config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    changed = tokens.clone()
+    changed[0, -1] = 3 if int(tokens[0, -1]) != 3 else 4
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            before = model(input_ids=tokens).logits[0, :-1].float()
+            after = model(input_ids=changed).logits[0, :-1].float()
+    finally:
+        model.train(was_training)
+    if not torch.allclose(before, after, rtol=1e-4, atol=1e-5):
+        hint = " (for BERT-like models: --model_config '{\"is_decoder\": true})'" if hasattr(config, "is_decoder") \
+            else ""
+        raise ConfigError("architecture", f"hf:{config.model_type} as configured attends to later tokens "
+                                          f"(bidirectional): at the query it would see the answer; the tasks need "
+                                          f"a causal language model{hint}")
 
 
 def count_native_parameters(config) -> int:

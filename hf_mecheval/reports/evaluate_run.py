@@ -29,7 +29,10 @@ def load_run(run_dir: str | Path):
         raise MechEvalError(f"{run_dir} is not a run directory (give the folder `mecheval train` wrote)")
     run = RunDir(run_dir)
     run.require("config.json", RunDir.RECORD, RunDir.METRICS)
-    record, _ = run.record(), run.metrics()      # both read now: the model card written at the end needs them
+    record, metrics = run.record(), run.metrics()   # both read now: the model card written at the end needs them
+    if metrics["final"].get("failed"):
+        raise MechEvalError(f"{run_dir} is a failed run ({metrics['final']['failed']}): an intervention grid on it "
+                            f"would measure nothing")
     try:
         task = task_from_dict(get_preset(record["task"]["preset"]).task, record["task"]["config"])
     except (MechEvalError, TypeError, ValueError) as exc:
@@ -86,6 +89,13 @@ def _load_model(run_dir: Path):
     if wrong:
         more = f" and {len(wrong) - 2} more" if len(wrong) > 2 else ""
         raise MechEvalError(f"{weights} does not match {run_dir / 'config.json'}: {', '.join(wrong[:2])}{more}")
+    import torch
+
+    with torch.no_grad():
+        broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if broken:       # a diverged model: every prediction is garbage, and so would the grid be
+        raise MechEvalError(f"{weights} holds NaN or infinite weights ({broken[0]}"
+                            f"{f' and {len(broken) - 1} more' if len(broken) > 1 else ''}): the model diverged")
     return model
 
 

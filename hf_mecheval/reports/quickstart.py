@@ -123,7 +123,8 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     """Train the eight runs (``workers`` processes at once; ``auto``: one 1-thread process per core
     on a CPU), each followed by its intervention grid, then write the report. ``seed``: every
     run's initialisation and data-order seed (the documents do not change)."""
-    from ..training.sweep import Run, check_existing_runs, train_runs
+    from ..training.jobs import Run
+    from ..training.sweep import check_existing_runs, train_runs
 
     setting = TINY if tiny else SETTING
     out = Path(out)

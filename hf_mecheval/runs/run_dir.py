@@ -18,6 +18,7 @@ checkpoint a resumed run continues from, and whether a run there is the run aske
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -118,7 +119,24 @@ def checkpoint_problem(path: Path) -> str | None:
             list(f.keys())
     except Exception as exc:  # whatever the damage (missing, truncated, not safetensors), it is named
         return f"model.safetensors: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    # the optimizer's and scheduler's state (torch.save: a zip archive); a damaged one would stop the resume
+    # inside the Trainer, where the previous checkpoint could still have been used
+    for name in ("optimizer.pt", "scheduler.pt"):
+        if (path / name).exists() and not _intact_archive(path / name):
+            return f"{name} is damaged (not a complete torch.save archive)"
     return None
+
+
+def _intact_archive(path: Path) -> bool:
+    """Whether ``path`` is a zip archive (torch.save's format) whose every member reads back
+    with its checksum."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, ValueError):
+        return False
 
 
 def resume_checkpoint(run_dir: str | os.PathLike, remove_unusable: bool = True) -> Path:
@@ -206,6 +224,17 @@ def check_same_run(run_dir: str | os.PathLike, requested: dict, what: str) -> No
 
 
 # ---------------------------------------------------------------------------------- a run's files
+def finite_or_null(value):
+    """``value`` (JSON-ready data) with every NaN or infinite float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
 class RunDir:
     """One run directory and the files of the run in it (the model's own files are written by
     ``save_pretrained``). Reading checks each file's shape (``files.py``), so a damaged or foreign
@@ -260,6 +289,12 @@ class RunDir:
         """metrics.json as a whole (``final`` and the optional ``history``)."""
         return read_json(self.path / self.METRICS, METRICS)
 
+    @property
+    def failure(self) -> str | None:
+        """Why a finished run failed (it diverged or trained zero steps: ``metrics.json``'s
+        ``final.failed``), or None."""
+        return self.metrics()["final"].get("failed") if self.finished else None
+
     def finished_run(self) -> tuple[dict, dict]:
         """(run.json, metrics.json) of a finished run; refused with the missing file named otherwise."""
         self.require()
@@ -282,5 +317,7 @@ class RunDir:
         write_text_atomic(self.path / self.RECORD, json.dumps(record, indent=2, default=str) + "\n")
 
     def finish(self, metrics: dict) -> None:
-        """metrics.json: the run is finished (its model card is written from it: ``model_card.py``)."""
-        write_text_atomic(self.path / self.METRICS, json.dumps(metrics, indent=2) + "\n", overwrite=True)
+        """metrics.json: the run is finished (its model card is written from it: ``model_card.py``).
+        A NaN or infinite number (a diverged run's loss) is written as null: strict JSON."""
+        write_text_atomic(self.path / self.METRICS, json.dumps(finite_or_null(metrics), indent=2, allow_nan=False)
+                          + "\n", overwrite=True)

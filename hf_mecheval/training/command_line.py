@@ -23,7 +23,7 @@ from transformers import HfArgumentParser
 from transformers.trainer_utils import SchedulerType
 
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import loads_finite, refuse_non_finite
+from ..io_utils import load_yaml, loads_finite, refuse_non_finite
 from ..tasks.presets import PRESETS, get_preset
 from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
 
@@ -50,7 +50,7 @@ def parse(argv: Sequence[str]):
         path = Path(argv.pop(0))
         try:
             text = path.read_text()
-            values = yaml.safe_load(text) if path.suffix != ".json" else loads_finite(text, str(path))
+            values = load_yaml(text, str(path)) if path.suffix != ".json" else loads_finite(text, str(path))
         except (OSError, yaml.YAMLError, ValueError) as exc:     # ValueError: not UTF-8 text, not JSON
             raise MechEvalError(f"cannot read the run config {path}: {(str(exc).splitlines() or [''])[0]}") from None
         if not isinstance(values, dict):

@@ -114,10 +114,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     try:
         if argv[:1] == ["--stack"]:
             result, main_process = _train_stack(argv, command), True
+            finals = list(result.values())
         else:
             model_args, data_args, run_args, training_args = parse(argv)
             result = train(model_args, data_args, run_args, training_args, command=command)
-            main_process = training_args.process_index == 0
+            main_process, finals = training_args.process_index == 0, [result]
     except MechEvalError as exc:
         print(f"mecheval train: error: {exc}", file=sys.stderr)
         return 2
@@ -132,6 +133,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     _end_process_group()
     if main_process:
         print(json.dumps(result, indent=2))
+    failed = [f["failed"] for f in finals if f.get("failed")]
+    if failed:      # the run folder is complete, and its metrics.json says why it failed
+        print(f"mecheval train: error: {len(failed)} of {len(finals)} run(s) failed: {failed[0]}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -43,24 +43,22 @@ import io
 import itertools
 import json
 import math
-import os
 import re
-import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 
 from ..adapters.native_config import is_native
-from ..children import run_child, stop_children
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import locked_folder, refuse_non_finite, write_text_atomic
+from ..io_utils import load_yaml, refuse_non_finite, write_text_atomic
 from ..runs import RunDir
-from ..runs.run_dir import check_same_run, checkpoint_problem, checkpoints
+from ..runs.run_dir import check_same_run
 from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
-from .command_line import as_flags, parse_dict, resolve_run_args
+from .command_line import parse_dict, resolve_run_args
+from .jobs import Run, Stack, resumable
+from .launchers import LAUNCHERS, plan_workers, run_jobs
 from .trainer import requested_record
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"     # package data: in the wheel too
@@ -86,18 +84,6 @@ SWEEP_KEYS = ("name", "task", "defaults", "grids", "seeds")
 MAX_RUNS = 10_000          # more is a typo (or a job for several sweep files): checking them alone takes minutes
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    name: str
-    args: dict[str, Any]          # training arguments of this run (no output_dir)
-
-    def flags(self) -> list[str]:
-        return as_flags(self.args)
-
-    def run_names(self) -> list[str]:
-        return [self.name]
-
-
 @dataclasses.dataclass
 class Sweep:
     name: str
@@ -109,7 +95,7 @@ class Sweep:
         """A sweep file, or a packaged sweep by name (``ar_main``, ``cpu/ar``; see ``sweep_file``)."""
         path = sweep_file(path)
         try:
-            spec = yaml.safe_load(Path(path).read_text())
+            spec = load_yaml(Path(path).read_text(), str(path))
         except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
             raise MechEvalError(f"cannot read sweep file {path}: {str(exc).splitlines()[0]}") from None
         return Sweep.from_dict(spec, source=str(path))
@@ -218,16 +204,6 @@ def _short_float(value: float) -> str:
 STACK_FREE_FIELDS = ("learning_rate", "seed", "data_seed")
 
 
-@dataclasses.dataclass(frozen=True)
-class Stack:
-    """Runs trained together (``training/stacked.py``); ``name`` depends on exactly its members."""
-    name: str
-    runs: tuple[Run, ...]
-
-    def run_names(self) -> list[str]:
-        return [r.name for r in self.runs]
-
-
 def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> list[Run | Stack]:
     """Group runs that may share a stack (equal arguments but learning rate and seeds) into stacks
     of at most ``stack`` runs (``auto``: ``stack_size_that_fits``). Runs left with a checkpoint by
@@ -278,131 +254,6 @@ def stack_size_that_fits(args: dict, cap: int = 32) -> int:
 
 
 # ---------------------------------------------------------------------------------- launching
-def _resumable(folder: Path) -> bool:
-    return any(checkpoint_problem(c) is None for c in checkpoints(folder))
-
-
-def _restart_flags(checkpoint_dir: Path, *touched: Path) -> list[str]:
-    """--resume where a killed worker left a complete checkpoint; --overwrite where it started
-    (any of the directories exists) but never completed one: there is nothing to keep."""
-    if _resumable(checkpoint_dir):
-        return ["--resume"]
-    return ["--overwrite"] if any(d.exists() for d in (checkpoint_dir, *touched)) else []
-
-
-def _training_flags(run: Run, run_dir: Path) -> list[str]:
-    """``python -m hf_mecheval.training.run``'s flags for ``run``."""
-    return [*run.flags(), "--output_dir", str(run_dir), "--disable_tqdm", "true", *_restart_flags(run_dir)]
-
-
-def _stack_flags(stack: Stack, runs_dir: Path, stack_dir: Path) -> list[str]:
-    """``python -m hf_mecheval.training.run``'s flags for ``stack`` (its spec file, written here)."""
-    spec = {"output_dir": str(stack_dir),
-            "runs": [{"name": r.name, "output_dir": str(runs_dir / r.name), "args": r.args} for r in stack.runs]}
-    spec_path = stack_dir.parent / f"{stack.name}.json"
-    write_text_atomic(spec_path, json.dumps(spec, indent=2, default=str) + "\n", overwrite=True)
-    return ["--stack", str(spec_path), *_restart_flags(stack_dir, *(runs_dir / r.name for r in stack.runs))]
-
-
-def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = None,
-            evaluate: Sequence[str] | None = None) -> dict:
-    """Run one training process (a run, or a stack of runs) with ``threads`` CPU threads (and only
-    GPU ``device`` visible, when given) which, unless ``evaluate`` is None, then runs the
-    intervention grid (``mecheval evaluate RUN *evaluate``) on each of its finished runs that has
-    none yet (``hf_mecheval/sweep_job.py``); returns {"name", "runs", "returncode", "log"}. Used
-    by both launchers. The process runs in its own process group and stops when this one dies
-    (``children.run_child``); its output is appended to the log, after a line with the time and
-    the command."""
-    runs_dir = Path(runs_dir)
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    if device is not None:
-        env["CUDA_VISIBLE_DEVICES"] = device
-    if isinstance(job, Stack):
-        stack_dir = runs_dir.parent / "stacks" / job.name
-        folders = [stack_dir, *(runs_dir / r.name for r in job.runs)]
-        log = runs_dir.parent / "stacks" / f"{job.name}.log"
-    else:
-        folders, log = [runs_dir / job.name], runs_dir / f"{job.name}.log"
-    busy = _in_use(folders)
-    if busy:    # another process (a second sweep, or one killed before it could stop its children) writes there
-        return {"name": job.name, "runs": job.run_names(), "returncode": 2, "in_use": True,
-                "log": f"{busy} is in use by another process; its log was left alone"}
-    trained = all(RunDir(runs_dir / name).finished for name in job.run_names())   # only its grid is missing
-    if trained:
-        train = None
-    elif isinstance(job, Stack):
-        train = _stack_flags(job, runs_dir, folders[0])
-    else:
-        train = _training_flags(job, folders[0])
-    if evaluate is None:
-        cmd = [] if train is None else [sys.executable, "-m", "hf_mecheval.training.run", *train]
-    else:
-        # one process trains, then runs the grid (hf_mecheval/sweep_job.py): a second process
-        # would import torch and transformers again, ~8 s on a 2-core machine
-        cmd = [sys.executable, "-m", "hf_mecheval.sweep_job", *(["--train", *train] if train else []),
-               "--evaluate", *(str(runs_dir / name) for name in job.run_names()), "--", *evaluate]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as handle:
-        returncode = _logged_child(cmd, handle, env) if cmd else 0
-    return {"name": job.name, "runs": job.run_names(), "returncode": returncode, "log": str(log)}
-
-
-def _logged_child(cmd: list[str], handle, env: dict) -> int:
-    """Run ``cmd`` (see ``children.run_child``) with its output appended to the open log
-    ``handle``, after a line with the time and the command."""
-    handle.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
-    handle.flush()
-    return run_child(cmd, handle, env)
-
-
-def _in_use(folders: list[Path]) -> Path | None:
-    """The first of ``folders`` whose lock another process holds, or None."""
-    for folder in folders:
-        if folder.is_dir():
-            try:
-                with locked_folder(folder):
-                    pass
-            except MechEvalError:
-                return folder
-    return None
-
-
-PROCESS_MEMORY_GIB = 3     # a generous bound on one training process of the reference presets (CPU)
-
-
-def plan_workers(workers: int | str = "auto", threads: int | None = None) -> tuple[int, int, list[str | None]]:
-    """(processes at once, CPU threads per process, the GPU each process slot sees).
-
-    ``auto``: with GPUs, one process per GPU; on a CPU, one process per core with one thread each,
-    as many as memory allows: these models are too small for a second thread to pay
-    (``benchmarks/bench_workers.py``, 2 cores: two 1-thread runs train 1.3-1.5x as many steps per
-    second as one 2-thread run). A number N: N processes sharing the cores (and the GPUs, in turn).
-    ``threads``: threads per process instead of the cores shared out (e.g. one process with one
-    thread beside other work that holds the other core)."""
-    import torch
-
-    cores = os.cpu_count() or 1
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if workers == "auto":
-        if gpus:
-            workers = gpus
-        else:
-            try:
-                free_gib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-            except (ValueError, OSError):   # not on every platform
-                free_gib = float("inf")
-            workers = max(1, min(cores, int(free_gib // PROCESS_MEMORY_GIB)))
-    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError("workers", f"must be 'auto' or a number of processes >= 1, got {workers!r}")
-    if threads is None:
-        threads = max(1, cores // workers)
-    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError("threads", f"must be a number of threads >= 1, got {threads!r}")
-    devices = [str(i % gpus) for i in range(workers)] if gpus else [None] * workers
-    return workers, threads, devices
-
-
 def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int | str = "auto",
            progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None,
            only: Sequence[str] | None = None, threads: int | None = None) -> dict:
@@ -419,7 +270,7 @@ def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int 
 
 
 def check_launcher(launcher: str, stack: int | str) -> None:
-    if launcher not in ("local", "ray"):
+    if launcher not in LAUNCHERS:
         raise ConfigError("launcher", f"must be 'local' or 'ray', got {launcher!r}")
     if stack != "auto" and (not str(stack).isdigit() or int(stack) < 1):
         raise ConfigError("stack", f"must be 'auto' or a number of runs >= 1, got {stack!r}")
@@ -437,19 +288,20 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     workers, threads, devices = plan_workers(workers, threads)
     check_existing_runs(runs, runs_dir)
     todo = [r for r in runs if not RunDir(runs_dir / r.name).finished
-            or (evaluate is not None and not RunDir(runs_dir / r.name).evaluated)]
+            or (evaluate is not None and not RunDir(runs_dir / r.name).evaluated
+                and not RunDir(runs_dir / r.name).failure)]
     skipped = [r.name for r in runs if r not in todo]
     jobs = plan_jobs(todo, runs_dir, stack)
     if progress and jobs:
         print(f"{len(jobs)} jobs, {workers} at a time with {threads} thread(s) each", file=sys.stderr)
-    if launcher == "local":
-        results = _launch_local(jobs, runs_dir, threads, devices, progress, evaluate)
-    else:
-        results = _launch_ray(jobs, runs_dir, threads, progress, evaluate)
-    finished = [name for r in results for name in r["runs"] if RunDir(runs_dir / name).finished]
-    unfinished = [(name, r) for r in results for name in r["runs"] if not RunDir(runs_dir / name).finished]
-    in_use = [name for name, r in unfinished if r.get("in_use")]
-    failed = [f"{name} (exit {r['returncode']}, log {r['log']})" for name, r in unfinished if not r.get("in_use")]
+    results = run_jobs(launcher, jobs, runs_dir, threads, devices, progress, evaluate)
+    ended = [(name, r) for r in results for name in r["runs"]]
+    finished = [name for name, _ in ended if RunDir(runs_dir / name).finished and not RunDir(runs_dir / name).failure]
+    in_use = [name for name, r in ended if not RunDir(runs_dir / name).finished and r.get("in_use")]
+    # a run that diverged or trained zero steps is finished (not retrained: it would fail again) but failed
+    failed = [f"{name} ({RunDir(runs_dir / name).failure}; log {r['log']})" if RunDir(runs_dir / name).finished
+              else f"{name} (exit {r['returncode']}, log {r['log']})"
+              for name, r in ended if name not in finished and name not in in_use]
     return {"finished": finished, "skipped": skipped, "in_use": in_use, "failed": failed}
 
 
@@ -462,77 +314,10 @@ def check_existing_runs(runs: list[Run], runs_dir: Path) -> None:
         finished = RunDir(run_dir).finished
         if finished:
             RunDir(run_dir).metrics()
-        if finished or ((run_dir / "run.json").exists() and _resumable(run_dir)):
+        if finished or ((run_dir / "run.json").exists() and resumable(run_dir)):
             parsed = parse_dict({**run.args, "output_dir": str(run_dir)}, f"run {run.name}")
             requested = requested_record(*parsed, validate(*parsed))
             check_same_run(run_dir, requested, "reuse" if finished else "resume")
-
-
-def _launch_local(todo, runs_dir, threads, devices, progress, evaluate):
-    """One thread per process slot; a job takes a free slot (and its GPU) and gives it back. If
-    this process is interrupted, no job starts any more and the running ones are stopped."""
-    import queue
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-    from tqdm.auto import tqdm
-
-    slots: queue.Queue = queue.Queue()
-    for device in devices:
-        slots.put(device)
-    stopping = threading.Event()
-
-    def in_a_slot(job):
-        device = slots.get()
-        try:
-            if stopping.is_set():
-                return {"name": job.name, "runs": job.run_names(), "returncode": -1, "log": "not started"}
-            return execute(job, str(runs_dir), threads, device, evaluate)
-        finally:
-            slots.put(device)
-
-    pool = ThreadPoolExecutor(max_workers=len(devices))
-    try:
-        futures = [pool.submit(in_a_slot, job) for job in todo]
-        return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress or not todo)]
-    except BaseException:            # Ctrl-C, or any error here: the children must not run on
-        stopping.set()
-        stop_children()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _launch_ray(todo, runs_dir, threads, progress, evaluate):
-    try:
-        import ray
-    except ImportError:
-        raise MechEvalError("the ray launcher needs Ray: pip install 'hf-mecheval[ray]'") from None
-    from tqdm.auto import tqdm
-
-    started_here = not ray.is_initialized()
-    if started_here:  # a local cluster; set RAY_ADDRESS to join an existing one
-        # nothing leaves the machine unless asked: no usage statistics, no dashboard, and a new
-        # local cluster bound to the loopback address rather than one Ray would look for
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                     _node_ip_address="127.0.0.1")
-    try:
-        remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
-        refs = [remote.remote(job, str(runs_dir), threads, None, evaluate) for job in todo]
-        results = []
-        for job, ref in zip(todo, tqdm(refs, desc="jobs", disable=not progress or not todo)):
-            try:
-                results.append(ray.get(ref))
-            except Exception as exc:  # a worker that died beyond its retries
-                results.append({"name": job.name, "runs": job.run_names(), "returncode": -1,
-                                "log": f"ray: {type(exc).__name__}"})
-        return results
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 # ---------------------------------------------------------------------------------- results

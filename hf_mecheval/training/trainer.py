@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import pickle
 import shutil
 import sys
 from pathlib import Path
 
+import torch
 from transformers import Trainer, set_seed
 
 from ..adapters.native_config import build_native_model, is_native
@@ -175,7 +177,12 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
     # memorized its training documents (high here, low there) from one that learned nothing
     seen = trainer.evaluate(splits["train_head"], metric_key_prefix="train_head")
     final.update(train_head_size=len(splits["train_head"]), train_head_accuracy=seen["train_head_accuracy"])
+    failure = run_failure(trainer.model, final)
+    if failure:
+        final["failed"] = failure
     if trainer.is_world_process_zero():
+        if failure:
+            print(f"{run_dir.name} failed: {failure}", file=sys.stderr)
         test = splits["test"]
         print(f"{run_dir.name}, test document 0: "
               f"{decoded_example(trainer.model, trainer.processing_class, test.input_ids[0], test.labels[0])}",
@@ -189,6 +196,24 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
     return final
 
 
+
+
+def run_failure(model: torch.nn.Module, final: dict) -> str | None:
+    """Why a run that ran to its end still failed, or None: it trained zero steps, or its loss or
+    weights are not finite (it diverged). ``metrics.json`` records the reason as ``final.failed``;
+    the training process exits non-zero; sweeps list the run as failed and do not retrain it (the
+    same arguments would diverge again)."""
+    if not final.get("global_step"):
+        return "it trained zero steps"
+    if "diverged_at_step" in final:
+        return f"it diverged: non-finite gradients from step {final['diverged_at_step']}"
+    with torch.no_grad():
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            return "it diverged: its weights hold NaN or infinity"
+    losses = [final[k] for k in ("validation_loss", "test_loss") if isinstance(final.get(k), float)]
+    if not all(math.isfinite(v) for v in losses):
+        return "it diverged: its final loss is NaN or infinite"
+    return None
 
 
 def run_trainer(trainer: Trainer, checkpoint: str | None) -> None:

@@ -139,12 +139,24 @@ def test_a_field_transformers_refuses_is_one_line():
     (["--architecture", "hf:gpt2", "--model_config", '{"n_embed": 8}'], "model_config: unknown field 'n_embed'"),
     (["--architecture", "hf:mamba", "--max_position_embeddings", "64"], "max_position_embeddings: hf:mamba has no"),
     (["--architecture", "hf:gpt2", "--model_config", '{"vocab_size": 8}'], "vocab_size comes from the task"),
+    # BertLMHeadModel without is_decoder attends both ways: at the query it would see the answer
+    (["--architecture", "hf:bert"], "architecture: hf:bert as configured attends to later tokens (bidirectional)"),
 ])
 def test_bad_native_arguments_one_line(tmp_path, capsys, extra, message):
     assert train([*TINY, *extra, "--output_dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_only_causal_models_are_built():
+    from hf_mecheval.adapters.native_config import build_native_model
+
+    sizes = dict(vocab_size=20, hidden_size=16, num_hidden_layers=1, max_position_embeddings=16)
+    build_native_model(native_config("hf:gpt2", **sizes))
+    build_native_model(native_config("hf:bert", **sizes, extra={"is_decoder": True}))     # causal as a decoder
+    with pytest.raises(ConfigError, match="hf:bert as configured attends to later tokens"):
+        build_native_model(native_config("hf:bert", **sizes))
 
 
 # loads the checkpoint in a fresh Python that never imports hf_mecheval; no CUDA kernel package

@@ -15,7 +15,8 @@ from hf_mecheval.training.command_line import parse
 from hf_mecheval.training.run import main, train
 from hf_mecheval.training.trainer import MechEvalTrainer
 from hf_mecheval.training.stacked import Member, StackedAdamW, copy_history, train_stacked
-from hf_mecheval.training.sweep import Stack, Sweep, launch, plan_jobs
+from hf_mecheval.training.jobs import Stack
+from hf_mecheval.training.sweep import Sweep, launch, plan_jobs
 
 from test_training import StopAt
 
@@ -100,6 +101,9 @@ def test_a_diverging_copy_is_reported_and_leaves_its_siblings_alone(tmp_path, ca
     poisoned = train_stacked(members("mamba", tmp_path / "poisoned", copies), tmp_path / "stack_poisoned",
                              callbacks=[PoisonCopy(1, 7)])
     assert poisoned[1]["diverged_at_step"] == 8 and "diverged_at_step" not in poisoned[0]
+    # marked failed like a lone run that diverges (the training process exits 1), siblings not
+    assert poisoned[1]["failed"] == "it diverged: non-finite gradients from step 8"
+    assert "failed" not in poisoned[0] and "failed" not in poisoned[2]
     assert "copy 1 (lr0.002_s1) diverged" in capsys.readouterr().err
     for k in (0, 2):
         name = members("mamba", tmp_path, copies)[k].name

@@ -2,7 +2,12 @@
 import dataclasses
 import importlib.util
 import json
+import os
 import re
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -171,12 +176,79 @@ def test_sweep_command(tmp_path, capsys):
         mecheval(["sweep", str(path), "--threads", "0"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+def _ray_servers() -> dict[int, str]:
+    """pid -> command of the Ray cluster's server processes running now (GCS and raylet)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        if Path(argv0).name in ("gcs_server", "raylet"):
+            found[int(pid)] = Path(argv0).name
+    return found
+
+
+def _listening_socket_inodes() -> set[str]:
+    """Inodes of the TCP sockets listening in this process's network namespace (any address)."""
+    inodes = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":                    # TCP_LISTEN
+                inodes.add(fields[9])
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None or not sys.platform.startswith("linux"),
                     reason="Ray is not installed (pip install 'hf-mecheval[ray]'); the local launcher is tested above")
-def test_ray_launcher_runs_a_two_run_sweep(tmp_path):
+def test_ray_launcher_runs_a_two_run_sweep_closed_to_the_network(tmp_path):
+    """A local Ray cluster listens on every interface whatever it is told; the launcher starts it
+    in a loopback-only network namespace. Watched from here while the sweep runs, its servers
+    listen on nothing this machine's network reaches, and see no interface but loopback."""
+    from hf_mecheval import closed_network
+
     sweep = tiny_sweep(architecture=["mamba"], learning_rate=[0.001, 0.01])
-    outcome = launch(sweep, tmp_path, launcher="ray", workers=2, progress=False)
+    problem = closed_network.unavailable()
+    if problem:      # user namespaces disabled: refused, naming the ways round it, before anything runs
+        with pytest.raises(MechEvalError, match="--launcher local.*RAY_ADDRESS"):
+            launch(sweep, tmp_path, launcher="ray", workers=2, progress=False)
+        assert not (tmp_path / "tiny" / "runs" / sweep.runs[0].name).exists()
+        return
+    seen, done = {}, threading.Event()
+
+    def watch():
+        while not done.is_set():
+            listening = _listening_socket_inodes()
+            for pid, name in _ray_servers().items():
+                try:
+                    seen.setdefault((pid, name), set())
+                    seen[(pid, name)] |= {"lo" if closed_network.interfaces(pid) == ["lo"] else "network"}
+                    if _socket_inodes(pid) & listening:
+                        seen[(pid, name)].add("listens here")
+                except OSError:      # it ended meanwhile
+                    pass
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        outcome = launch(sweep, tmp_path, launcher="ray", workers=2, progress=False)
+    finally:
+        done.set()
+        watcher.join()
     assert sorted(outcome["finished"]) == sorted(r.name for r in sweep.runs), outcome
+    assert {name for _, name in seen} == {"gcs_server", "raylet"}, seen
+    assert all(states == {"lo"} for states in seen.values()), seen
     root = write_results(sweep, tmp_path)
     table = json.loads((root / "results.json").read_text())["table"]
     assert len(table) == 1 and table[0]["learning_rates_tried"] == 2 and table[0]["seeds"] == 1
@@ -195,7 +267,7 @@ def test_the_reference_sweep_files_are_valid():
 def test_workers_auto_is_one_single_threaded_process_per_core_on_a_cpu(monkeypatch):
     import os
 
-    from hf_mecheval.training.sweep import plan_workers
+    from hf_mecheval.training.launchers import plan_workers
 
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     assert plan_workers("auto") == (4, 1, [None] * 4)
@@ -245,7 +317,7 @@ def test_a_run_directory_in_use_is_left_alone_with_its_log(tmp_path):
     import fcntl
     import os
 
-    from hf_mecheval.training.sweep import execute
+    from hf_mecheval.training.jobs import execute
 
     run = tiny_sweep().runs[0]
     runs_dir = tmp_path / "runs"
@@ -368,3 +440,14 @@ def test_the_earlier_reference_sweeps_still_ask_for_their_committed_runs(sweep, 
             continue
         with pytest.raises(MechEvalError, match=f"trained with other arguments — .*{why}"):
             check_existing_runs(unpinned, runs_dir)
+
+
+def test_a_sweep_file_anchor_bomb_is_refused_before_it_is_walked(tmp_path):
+    from test_training import BOMB
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text("name: bomb\ntask: ar_32\n" + BOMB.replace("a:", "x_a:", 1).replace("\nb:", "\nx_b:"))
+    started = time.monotonic()
+    with pytest.raises(MechEvalError, match="more than 100,000 values"):
+        Sweep.load(path)
+    assert time.monotonic() - started < 30

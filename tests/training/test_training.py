@@ -299,6 +299,20 @@ def test_corrupt_optimizer_state_gives_a_clear_error(tmp_path, capsys):
     assert len(err) == 1 and "cannot resume from" in err[0]
 
 
+def test_resume_falls_back_past_a_checkpoint_whose_optimizer_state_is_damaged(tmp_path, capsys):
+    args = parse(run_args(tmp_path / "run", *SHORT, "--save_strategy", "steps", "--save_steps", "10"))
+    with pytest.raises(KeyboardInterrupt):
+        train(*args, callbacks=[StopAt(20)])
+    optimizer = tmp_path / "run" / "checkpoint-20" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[: optimizer.stat().st_size // 2])      # a save cut short
+    capsys.readouterr()
+    assert main(run_args(tmp_path / "run", *SHORT, "--save_strategy", "steps", "--save_steps", "10", "--resume")) == 0
+    err = capsys.readouterr().err
+    assert "resume: removing" in err and "checkpoint-20: optimizer.pt is damaged" in err
+    history = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["log_history"]
+    assert history[-1]["step"] == 40
+
+
 def test_linear_decay_is_the_default_where_the_reference_used_it():
     def schedule(*argv):
         return parse(["--output_dir", "x", *argv])[3].lr_scheduler_type.value
@@ -395,3 +409,69 @@ def test_test_accuracy_on_the_first_documents(tmp_path):
     # no head when it would be the whole split, or when switched off
     assert main(run_args(tmp_path / "off", *SHORT, "--eval_size", "30", "--test_head_size", "30")) == 0
     assert "test_head_accuracy" not in json.loads((tmp_path / "off" / "metrics.json").read_text())["final"]
+
+
+def test_a_run_that_diverges_is_marked_failed(tmp_path, capsys):
+    """A learning rate of 1e30 turns the weights to NaN: the run folder is complete, but the
+    process exits 1, metrics.json says why (strict JSON: the NaN losses are null), and no
+    intervention grid is run on it."""
+    from hf_mecheval.cli import main as mecheval
+    from hf_mecheval.io_utils import loads_finite
+
+    run = tmp_path / "run"
+    assert main(run_args(run, *SHORT, "--learning_rate", "1e30")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mecheval train: error: 1 of 1 run(s) failed: it diverged"), err[-1]
+    final = loads_finite((run / "metrics.json").read_text(), "metrics.json")["final"]
+    assert final["failed"].startswith("it diverged") and final["test_loss"] is None
+    assert mecheval(["evaluate", str(run)]) == 2
+    assert "is a failed run (it diverged" in capsys.readouterr().err
+    assert not (run / "interventions").exists()
+
+
+def test_run_failure_names_zero_steps_and_non_finite_weights():
+    from hf_mecheval.training.trainer import run_failure
+
+    model = torch.nn.Linear(2, 2)
+    fine = {"global_step": 5, "validation_loss": 0.5, "test_loss": 0.7}
+    assert run_failure(model, fine) is None
+    assert run_failure(model, {**fine, "global_step": 0}) == "it trained zero steps"
+    assert run_failure(model, {**fine, "test_loss": float("inf")}) == "it diverged: its final loss is NaN or infinite"
+    assert run_failure(model, {**fine, "diverged_at_step": 3}) == "it diverged: non-finite gradients from step 3"
+    with torch.no_grad():
+        model.bias[1] = float("nan")
+    assert run_failure(model, fine) == "it diverged: its weights hold NaN or infinity"
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("bomb.yaml", BOMB, "more than 100,000 values once its aliases are expanded"),
+    ("loop.yaml", "model_config: &m {inner: *m}\n", "a recursive alias"),
+    ("deep.yaml", "model_config: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 64 levels deep"),
+    ("deep.json", '{"model_config": ' + "[" * 5000 + "]" * 5000 + "}", "nested more than 64 levels deep"),
+])
+def test_hostile_config_files_are_refused_at_once(tmp_path, capsys, name, content, message):
+    (tmp_path / name).write_text(content)
+    started = time.monotonic()
+    assert main([str(tmp_path / name), *run_args(tmp_path / "run", *SHORT)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and str(tmp_path / name) in err[0], err
+    assert time.monotonic() - started < 30          # a bomb walked value by value takes hours
+    assert not (tmp_path / "run").exists()
+
+
+def test_deep_json_in_a_flag_is_one_line(tmp_path, capsys):
+    deep = '{"num_kv": ' + "[" * 5000 + "]" * 5000 + "}"
+    assert main(run_args(tmp_path / "run", *SHORT, "--task_config", deep)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--task_config: nested more than 64 levels deep" in err[0], err
+
+
+def test_yaml_aliases_within_bounds_still_read():
+    from hf_mecheval.io_utils import load_yaml
+
+    assert load_yaml("a: &x {lr: 1, seeds: [1, 2]}\nb: *x\n", "f") == {"a": {"lr": 1, "seeds": [1, 2]},
+                                                                      "b": {"lr": 1, "seeds": [1, 2]}}

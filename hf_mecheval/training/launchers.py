@@ -1,0 +1,194 @@
+"""Launchers: how a sweep's jobs (``jobs.py``) run — here, in processes sharing the cores and GPUs
+(``local``), or as Ray tasks (``ray``).
+
+The Ray launcher joins the cluster ``RAY_ADDRESS`` names (one the user started, on the network
+they chose), or a Ray session this process already holds. Otherwise it starts a local cluster in
+a network namespace of its own that holds only a loopback interface (``closed_network.py``): a
+local Ray cluster listens on every interface and its agents look up cloud metadata addresses,
+whatever ``ray.init`` is told. Where user namespaces are disabled it refuses, naming both ways
+round it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from .. import closed_network
+from ..children import follow_parent, run_child, stop_children
+from ..errors import ConfigError, MechEvalError
+from ..io_utils import write_text_atomic
+from .jobs import execute, job_from_record, job_record
+
+LAUNCHERS = ("local", "ray")
+
+
+def run_jobs(launcher: str, jobs: list, runs_dir: Path, threads: int, devices: list, progress: bool,
+             evaluate) -> list[dict]:
+    """Run every job with ``launcher``; one ``execute`` result per job, in order."""
+    if launcher == "local":
+        return _launch_local(jobs, runs_dir, threads, devices, progress, evaluate)
+    return _launch_ray(jobs, runs_dir, threads, progress, evaluate)
+
+
+PROCESS_MEMORY_GIB = 3     # a generous bound on one training process of the reference presets (CPU)
+
+
+def plan_workers(workers: int | str = "auto", threads: int | None = None) -> tuple[int, int, list[str | None]]:
+    """(processes at once, CPU threads per process, the GPU each process slot sees).
+
+    ``auto``: with GPUs, one process per GPU; on a CPU, one process per core with one thread each,
+    as many as memory allows: these models are too small for a second thread to pay
+    (``benchmarks/bench_workers.py``, 2 cores: two 1-thread runs train 1.3-1.5x as many steps per
+    second as one 2-thread run). A number N: N processes sharing the cores (and the GPUs, in turn).
+    ``threads``: threads per process instead of the cores shared out (e.g. one process with one
+    thread beside other work that holds the other core)."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if workers == "auto":
+        if gpus:
+            workers = gpus
+        else:
+            try:
+                free_gib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+            except (ValueError, OSError):   # not on every platform
+                free_gib = float("inf")
+            workers = max(1, min(cores, int(free_gib // PROCESS_MEMORY_GIB)))
+    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError("workers", f"must be 'auto' or a number of processes >= 1, got {workers!r}")
+    if threads is None:
+        threads = max(1, cores // workers)
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError("threads", f"must be a number of threads >= 1, got {threads!r}")
+    devices = [str(i % gpus) for i in range(workers)] if gpus else [None] * workers
+    return workers, threads, devices
+
+
+def _launch_local(todo, runs_dir, threads, devices, progress, evaluate):
+    """One thread per process slot; a job takes a free slot (and its GPU) and gives it back. If
+    this process is interrupted, no job starts any more and the running ones are stopped."""
+    import queue
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from tqdm.auto import tqdm
+
+    slots: queue.Queue = queue.Queue()
+    for device in devices:
+        slots.put(device)
+    stopping = threading.Event()
+
+    def in_a_slot(job):
+        device = slots.get()
+        try:
+            if stopping.is_set():
+                return {"name": job.name, "runs": job.run_names(), "returncode": -1, "log": "not started"}
+            return execute(job, str(runs_dir), threads, device, evaluate)
+        finally:
+            slots.put(device)
+
+    pool = ThreadPoolExecutor(max_workers=len(devices))
+    try:
+        futures = [pool.submit(in_a_slot, job) for job in todo]
+        return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress or not todo)]
+    except BaseException:            # Ctrl-C, or any error here: the children must not run on
+        stopping.set()
+        stop_children()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _launch_ray(todo, runs_dir, threads, progress, evaluate):
+    ray = _import_ray()
+    if ray.is_initialized():                 # the caller's own Ray session
+        return _on_ray(ray, todo, runs_dir, threads, progress, evaluate)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if os.environ.get("RAY_ADDRESS"):        # a cluster the user started: its network is theirs
+        ray.init(include_dashboard=False, log_to_driver=False)
+        try:
+            return _on_ray(ray, todo, runs_dir, threads, progress, evaluate)
+        finally:
+            ray.shutdown()
+    if not todo:
+        return []
+    return _in_a_closed_local_cluster(todo, runs_dir, threads, progress, evaluate)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise MechEvalError("the ray launcher needs Ray: pip install 'hf-mecheval[ray]'") from None
+    return ray
+
+
+def _on_ray(ray, todo, runs_dir, threads, progress, evaluate) -> list[dict]:
+    from tqdm.auto import tqdm
+
+    remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
+    refs = [remote.remote(job, str(runs_dir), threads, None, evaluate) for job in todo]
+    results = []
+    for job, ref in zip(todo, tqdm(refs, desc="jobs", disable=not progress or not todo)):
+        try:
+            results.append(ray.get(ref))
+        except Exception as exc:  # a worker that died beyond its retries
+            results.append({"name": job.name, "runs": job.run_names(), "returncode": -1,
+                            "log": f"ray: {type(exc).__name__}"})
+    return results
+
+
+def _in_a_closed_local_cluster(todo, runs_dir, threads, progress, evaluate) -> list[dict]:
+    """Start ``python -m hf_mecheval.training.launchers JOBS RESULTS`` in a loopback-only network
+    namespace: it starts the local cluster there, runs the jobs, and writes their results."""
+    problem = closed_network.unavailable()
+    if problem:
+        raise MechEvalError(f"a local Ray cluster listens on every network interface, so hf-mecheval runs it in a "
+                            f"private network namespace, which this machine does not allow: {problem}. Use "
+                            f"--launcher local on one machine, or start a Ray cluster yourself and set RAY_ADDRESS")
+    with tempfile.TemporaryDirectory(prefix="mecheval-ray-") as tmp:
+        jobs_file, results_file = Path(tmp) / "jobs.json", Path(tmp) / "results.json"
+        jobs_file.write_text(json.dumps({"jobs": [job_record(j) for j in todo], "runs_dir": str(runs_dir),
+                                         "threads": threads, "progress": progress, "evaluate": evaluate}))
+        cmd = closed_network.closed_command([sys.executable, "-m", "hf_mecheval.training.launchers",
+                                             str(jobs_file), str(results_file)])
+        try:
+            code = run_child(cmd, _stderr_or_none(), dict(os.environ))
+        except BaseException:        # Ctrl-C: the cluster and its trainings must not run on
+            stop_children()
+            raise
+        if code != 0 or not results_file.is_file():
+            raise MechEvalError(f"the local Ray cluster stopped before its jobs ended (exit {code})")
+        return json.loads(results_file.read_text())
+
+
+def _stderr_or_none():
+    """This process's stderr for a child's output, where it is a real file (not under pytest's capsys)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return sys.stderr
+
+
+def _closed_cluster_main(jobs_file: str, results_file: str) -> None:
+    """In the closed namespace: loopback up, a local cluster on it, the jobs, their results."""
+    follow_parent()
+    closed_network.bring_loopback_up()
+    spec = json.loads(Path(jobs_file).read_text())
+    ray = _import_ray()
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    try:
+        results = _on_ray(ray, [job_from_record(j) for j in spec["jobs"]], spec["runs_dir"], spec["threads"],
+                          spec["progress"], spec["evaluate"])
+    finally:
+        ray.shutdown()
+    write_text_atomic(Path(results_file), json.dumps(results), overwrite=True)
+
+
+if __name__ == "__main__":
+    _closed_cluster_main(*sys.argv[1:])
