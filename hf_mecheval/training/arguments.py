@@ -175,6 +175,7 @@ def _json_object(field: str, text: str | dict) -> dict:
     return value
 
 
+MAX_INTEGER = 2**53
 SEED_LIMIT = 2**32 - 1   # transformers.set_seed seeds numpy's legacy global generator
 # activation memory per token, layer and hidden unit (bytes): a generous fp32 bound for these blocks
 ACTIVATION_BYTES = 4 * 32
@@ -204,6 +205,10 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
             value = getattr(group, field.name, None)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(field.name, f"must be a finite number, got {value}")
+            # no size, count or step here comes near 2^53; beyond 2^63 torch cannot even hold one
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER \
+                    and field.name not in ("seed", "data_seed"):           # their own bounds, below
+                raise ConfigError(field.name, f"must be <= {MAX_INTEGER:,}, got {value}")
     if is_native(model.architecture):
         native_model_type(model.architecture)             # checks the architecture's name first
     else:
@@ -248,8 +253,41 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
         raise ConfigError("output_dir", "a run directory is required (--output_dir RUN_DIR)")
     if run.resume and run.overwrite:
         raise ConfigError("resume", "--resume and --overwrite exclude each other")
+    check_trainer_settings(training)
     check_run_memory(config, task, data, run, training)
     return task
+
+
+# what compute_answer_metrics reports, as the Trainer names them for --metric_for_best_model
+RUN_METRICS = ("accuracy", "answer_prob", "loss")
+
+
+def check_trainer_settings(training) -> None:
+    """The Trainer settings transformers would only trip on once training starts (or, for
+    ``label_names``, once it ends): optimizers and loggers whose package is missing, a best-model
+    rule with no metric, labels under another name."""
+    from transformers import Trainer
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    if training.label_names not in (None, ["labels"]):
+        raise ConfigError("label_names", f"must be 'labels' (the tasks' answer labels), got {training.label_names}")
+    best = str(getattr(training.save_strategy, "value", training.save_strategy)) == "best"
+    if (best or training.load_best_model_at_end) and not training.metric_for_best_model:
+        raise ConfigError("metric_for_best_model", "is needed by --save_strategy best and --load_best_model_at_end; "
+                                                   f"one of {', '.join(RUN_METRICS)}")
+    if training.metric_for_best_model and training.metric_for_best_model.removeprefix("eval_") not in RUN_METRICS:
+        raise ConfigError("metric_for_best_model", f"must be one of {', '.join(RUN_METRICS)}, "
+                                                   f"got {training.metric_for_best_model!r}")
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(training)
+    except (ImportError, ValueError, RuntimeError) as exc:        # e.g. bitsandbytes not installed
+        raise ConfigError("optim", f"{training.optim.value if hasattr(training.optim, 'value') else training.optim}: "
+                                   f"{(str(exc).splitlines() or [''])[0]}") from None
+    try:
+        for callback in get_reporting_integration_callbacks(training.report_to):
+            callback()                   # raises where its package is missing; logs nothing yet
+    except (ImportError, RuntimeError, ValueError) as exc:
+        raise ConfigError("report_to", f"{(str(exc).splitlines() or [''])[0]}") from None
 
 
 def check_run_memory(config, task, data: DataArguments, run: RunArguments, training) -> None:
@@ -262,8 +300,8 @@ def check_run_memory(config, task, data: DataArguments, run: RunArguments, train
     try:
         # transformers' own model is built on the meta device, which also finds its decoder layers
         params = count_parameters(config) if isinstance(config, MechEvalConfig) else count_native_parameters(config)
-    except OverflowError as exc:
-        raise MechEvalError(f"the model cannot be built: {exc}") from None
+    except (OverflowError, TypeError) as exc:      # sizes beyond 64-bit integers
+        raise MechEvalError(f"the model cannot be built: {(str(exc).splitlines() or [''])[0]}") from None
     train_size, eval_size, _ = resolved_sizes(data, run, training)
     width = config.hidden_size * config.num_hidden_layers * ACTIVATION_BYTES
     longest = task.longest_estimate()

@@ -40,6 +40,40 @@ def _parser() -> HfArgumentParser:
                     "[--resume | --overwrite]; see hf_mecheval/training/stacked.py.")
 
 
+def _numeric_fields() -> set[str]:
+    from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments
+
+    hints = {}
+    for cls in (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments):
+        hints.update(typing.get_type_hints(cls))
+    numeric = set()
+    for name, hint in hints.items():
+        options = typing.get_args(hint) or (hint,)
+        if any(o in (int, float) for o in options):
+            numeric.add(name)
+    return numeric
+
+
+def _refuse_non_finite_flags(argv: list[str]) -> None:
+    """NaN or infinity given to a numeric flag, named: TrainingArguments turns some of them
+    (``--logging_steps inf``) into integers, which fails without naming the flag."""
+    numeric = _numeric_fields()
+    for i, token in enumerate(argv):
+        if not token.startswith("--"):
+            continue
+        name, _, value = token[2:].partition("=")
+        if not _ and i + 1 < len(argv):
+            value = argv[i + 1]
+        name = name.replace("-", "_")
+        if name in numeric and value:
+            try:
+                number = float(value)
+            except ValueError:
+                continue                     # argparse names a value that is not a number
+            if number != number or number in (float("inf"), float("-inf")):
+                raise ConfigError(name, f"must be a finite number, got {value}")
+
+
 def parse(argv: Sequence[str]):
     """Arguments from the command line; a leading .yaml/.json file supplies defaults that later
     flags override. Unknown keys in the file or on the command line are errors, and so are NaN
@@ -57,11 +91,12 @@ def parse(argv: Sequence[str]):
             raise MechEvalError(f"the run config {path} must be a mapping of argument names to values")
         refuse_non_finite(values, str(path))
         argv = as_flags(values) + argv
+    _refuse_non_finite_flags(argv)
     try:
         model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except argparse.ArgumentError as exc:    # a value of the wrong type or not among the choices
         raise MechEvalError(str(exc)) from None
-    except ValueError as exc:                # unknown keys in a config file or on the command line
+    except (ValueError, OverflowError) as exc:   # unknown keys; a value TrainingArguments cannot convert
         raise MechEvalError(str(exc).splitlines()[0]) from None
     chosen = any(a.split("=")[0] in ("--lr_scheduler_type", "--lr-scheduler-type") for a in argv)
     _preset_schedule(data_args, training_args, chosen)

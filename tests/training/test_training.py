@@ -200,6 +200,16 @@ def test_ctrl_c_is_one_line_and_says_how_to_continue(tmp_path, capsys, monkeypat
     (["--task", "atr_easy", "--task_config", '{"num_terminals": 1000000000}'], "this ATR grammar would need about"),
     (["--task", "atr_easy", "--task_config", '{"num_nonterminals": 10000000}'], "num_nonterminals: must be <= 100000"),
     (["--data_seed", str(10**30)], "data_seed: must be <= 4294967295"),
+    # TrainingArguments values that transformers only trips on once training starts (or ends)
+    (["--optim", "adamw_bnb_8bit"], "optim: adamw_bnb_8bit: You need to install `bitsandbytes`"),
+    (["--report_to", "wandb"], "report_to: WandbCallback requires wandb"),
+    (["--save_strategy", "best"], "metric_for_best_model: is needed by --save_strategy best"),
+    (["--metric_for_best_model", "bleu"], "metric_for_best_model: must be one of accuracy, answer_prob, loss"),
+    (["--logging_steps", "inf"], "logging_steps: must be a finite number, got inf"),
+    (["--eval_steps=nan"], "eval_steps: must be a finite number, got nan"),
+    (["--label_names", "x"], "label_names: must be 'labels'"),
+    (["--hidden_size", str(10**20)], "hidden_size: must be <= 9,007,199,254,740,992"),
+    (["--per_device_train_batch_size", str(10**20)], "per_device_train_batch_size: must be <= 9,007,199,254,740,992"),
 ])
 def test_bad_arguments_one_line_nonzero(tmp_path, capsys, extra, message):
     code = main(run_args(tmp_path / "run", *SHORT, *extra))
