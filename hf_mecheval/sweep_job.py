@@ -42,6 +42,7 @@ def split_arguments(argv: Sequence[str]) -> tuple[list[str] | None, list[str], l
 def main(argv: Sequence[str] | None = None) -> int:
     from .cli import main as cli_main
     from .runs import RunDir
+    from .runs.files import GridSettings
     from .training.run import main as train_main
 
     follow_parent()              # started by a sweep: stop with it
@@ -53,12 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     returncode = 0
     if train is not None:
         returncode = train_main(train, prog="python -m hf_mecheval.training.run")
+    settings = GridSettings.from_flags(grid_flags)
     for run_dir in run_dirs:
         run = RunDir(run_dir)
-        # a grid on every finished run that did not fail (in a stack, one copy may diverge)
-        if run.finished and not run.failure and not run.evaluated:
-            print(f"=== mecheval evaluate {run_dir} {' '.join(grid_flags)}", flush=True)
-            returncode = cli_main(["evaluate", run_dir, *grid_flags]) or returncode
+        # a grid on every finished run that did not fail (in a stack, one copy may diverge), made
+        # again where the run has one made with other settings
+        if run.finished and not run.failure and not run.grid_matches(settings):
+            again = ["--overwrite"] if run.evaluated else []
+            print(f"=== mecheval evaluate {run_dir} {' '.join(grid_flags + again)}", flush=True)
+            returncode = cli_main(["evaluate", run_dir, *grid_flags, *again]) or returncode
             if returncode and train is None:     # a grid that failed: the next would too
                 break
     return returncode

@@ -16,6 +16,7 @@ from ..resources import check_memory
 from ..tasks.presets import get_preset, task_from_dict
 from . import plots
 from ..runs import RunDir
+from ..runs.files import GridSettings
 from ..runs.model_card import write_model_card
 from ..runs.files import RESTORATION_HISTORY
 
@@ -148,6 +149,7 @@ def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_si
                             f"documents are up to {int(data.lengths.max())} tokens long")
     result = run_grid(model, task, data, sites=sites, batch_size=batch_size, n_resamples=n_resamples,
                       progress=progress)
+    result["settings"] = GridSettings(n, split, seed, tuple(sites) if sites else None, n_resamples).record(seed)
     result["run"] = {"run_dir": str(run_dir), "architecture": record["model"].get("architecture"),
                      "task": record["task"]["preset"], "split": split, "dataset_seed": seed,
                      "example": _example(model, task, data)}

@@ -7,6 +7,7 @@ summary of a run's intervention grid that tables, cards and the command line sho
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..io_utils import FRACTION, NUMBER, OPTIONAL_NUMBER, maybe, read_json
@@ -60,3 +61,53 @@ def last_layer_summary(result: dict) -> dict:
     mechanism = mechanism_of(result, last + 1)
     row.update(mechanism=mechanism.label, confidence=mechanism.confidence, reason=mechanism.reason)
     return row
+
+
+# ---------------------------------------------------------------------------------- grid settings
+@dataclasses.dataclass(frozen=True)
+class GridSettings:
+    """What an intervention grid is made with: the ``mecheval evaluate`` flags that change its
+    result. interventions.json records them (``settings``); a sweep or the quickstart reuses a
+    run's grid only when they match what it asks for now (``matches``), and makes it again
+    otherwise."""
+    n: int = 320
+    split: str = "test"
+    seed: int | None = None                  # None: the run's dataset seed
+    sites: tuple[str, ...] | None = None     # None: every site
+    resamples: int = 1000
+
+    def flags(self) -> list[str]:
+        """As ``mecheval evaluate`` flags (``from_flags`` reads them back)."""
+        out = ["-n", str(self.n), "--split", self.split, "--resamples", str(self.resamples)]
+        if self.seed is not None:
+            out += ["--seed", str(self.seed)]
+        return out + (["--sites", *self.sites] if self.sites else [])
+
+    @staticmethod
+    def from_flags(flags) -> "GridSettings":
+        """The settings of ``mecheval evaluate`` flags (those of ``flags()``, and --batch-size,
+        which does not change the result); anything else is a programming error."""
+        import argparse
+
+        parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+        parser.add_argument("-n", type=int, default=320)
+        parser.add_argument("--split", default="test")
+        parser.add_argument("--seed", type=int)
+        parser.add_argument("--sites", nargs="+")
+        parser.add_argument("--resamples", type=int, default=1000)
+        parser.add_argument("--batch-size", type=int)
+        args = parser.parse_args(list(flags))
+        return GridSettings(args.n, args.split, args.seed, tuple(args.sites) if args.sites else None, args.resamples)
+
+    def record(self, dataset_seed: int) -> dict:
+        """As interventions.json records them: the seed resolved to the one used."""
+        return {"n": self.n, "split": self.split, "seed": dataset_seed if self.seed is None else self.seed,
+                "sites": list(self.sites) if self.sites else None, "resamples": self.resamples}
+
+    def matches(self, grid: dict, dataset_seed: int) -> bool:
+        """Whether ``grid`` (interventions.json) was made with these settings. A grid from before
+        settings were recorded is compared on what it shows (documents, split and seed)."""
+        wanted = self.record(dataset_seed)
+        made = grid.get("settings") or {"n": grid.get("examples"), "split": grid.get("run", {}).get("split"),
+                                        "seed": grid.get("run", {}).get("dataset_seed")}
+        return all(wanted.get(key) == value for key, value in made.items())

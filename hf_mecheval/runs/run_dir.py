@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..io_utils import is_temporary, read_json, write_text_atomic
-from .files import INTERVENTIONS, METRICS, RUN_RECORD
+from .files import INTERVENTIONS, METRICS, RUN_RECORD, GridSettings
 
 # every name a run (or a stacked run's directory) writes; checkpoints and temporaries by pattern
 RUN_FILES = {"command.txt", "run.json", "config.json", "generation_config.json", "model.safetensors",
@@ -303,6 +303,11 @@ class RunDir:
     @property
     def interventions_path(self) -> Path:
         return self.path / self.INTERVENTIONS
+
+    def grid_matches(self, settings: "GridSettings") -> bool:
+        """Whether the run has an intervention grid made with ``settings``."""
+        grid = self.interventions()
+        return grid is not None and settings.matches(grid, self.record()["task"].get("dataset_seed", 0))
 
     def interventions(self) -> dict | None:
         """interventions.json, or None before `mecheval evaluate` ran."""

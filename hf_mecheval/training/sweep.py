@@ -54,6 +54,7 @@ from ..adapters.native_config import is_native
 from ..errors import ConfigError, MechEvalError
 from ..io_utils import load_yaml, refuse_non_finite, write_text_atomic
 from ..runs import RunDir
+from ..runs.files import GridSettings
 from ..runs.run_dir import check_same_run
 from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
 from .command_line import parse_dict, resolve_run_args
@@ -287,9 +288,11 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     check_launcher(launcher, stack)
     workers, threads, devices = plan_workers(workers, threads)
     check_existing_runs(runs, runs_dir)
+    # a grid is made again where the run's was made with other settings (fewer documents, one site)
+    grid = GridSettings.from_flags(evaluate) if evaluate is not None else None
     todo = [r for r in runs if not RunDir(runs_dir / r.name).finished
-            or (evaluate is not None and not RunDir(runs_dir / r.name).evaluated
-                and not RunDir(runs_dir / r.name).failure)]
+            or (grid is not None and not RunDir(runs_dir / r.name).failure
+                and not RunDir(runs_dir / r.name).grid_matches(grid))]
     skipped = [r.name for r in runs if r not in todo]
     jobs = plan_jobs(todo, runs_dir, stack)
     if progress and jobs:

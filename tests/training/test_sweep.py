@@ -132,6 +132,15 @@ def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
                          str(tmp_path / run.name)]) == 0
         alone = json.loads((tmp_path / run.name / "interventions.json").read_text())
         assert {k: v for k, v in alone.items() if k != "run"} == {k: v for k, v in result.items() if k != "run"}
+    # the grid records its settings: the same ones reuse it, others make it again
+    grids = [tmp_path / "tiny" / "runs" / r.name / "interventions" / "interventions.json" for r in sweep.runs]
+    assert json.loads(grids[0].read_text())["settings"] == {"n": 8, "split": "test", "seed": 0, "sites": None,
+                                                            "resamples": 10}
+    made = [g.stat().st_mtime_ns for g in grids]
+    outcome = launch(sweep, tmp_path, progress=False, evaluate=["-n", "8", "--resamples", "10"], workers=1)
+    assert outcome["skipped"] == [r.name for r in sweep.runs] and [g.stat().st_mtime_ns for g in grids] == made
+    outcome = launch(sweep, tmp_path, progress=False, evaluate=["-n", "12", "--resamples", "10"], workers=1)
+    assert not outcome["failed"] and all(json.loads(g.read_text())["examples"] == 12 for g in grids)
 
 
 def test_sweep_job_arguments():
