@@ -337,6 +337,9 @@ def _value_children(value) -> list:
     return list(value) if isinstance(value, list) else []
 
 
+_END = object()
+
+
 def _check_shape_size(root, children, source: str) -> None:
     """Refuse ``root`` when, expanded as a tree, it holds more than ``MAX_INPUT_VALUES`` values,
     nests deeper than ``MAX_NESTING``, or contains itself. Shared parts (YAML aliases) are sized
@@ -347,8 +350,8 @@ def _check_shape_size(root, children, source: str) -> None:
     stack = [(root, iter(children(root)))]
     while stack:
         node, pending = stack[-1]
-        child = next(pending, None)
-        if child is not None:
+        child = next(pending, _END)
+        if child is not _END:
             if id(child) in open_:
                 raise MechEvalError(f"{source}: a recursive alias (a value that contains itself)")
             if id(child) not in size:

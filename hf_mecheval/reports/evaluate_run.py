@@ -29,7 +29,8 @@ def load_run(run_dir: str | Path):
     if not run_dir.is_dir():
         raise MechEvalError(f"{run_dir} is not a run directory (give the folder `mecheval train` wrote)")
     run = RunDir(run_dir)
-    run.require("config.json", RunDir.RECORD, RunDir.METRICS)
+    # the weights as safetensors only: a pickle (pytorch_model.bin) is never loaded
+    run.require("config.json", "model.safetensors", RunDir.RECORD, RunDir.METRICS)
     record, metrics = run.record(), run.metrics()   # both read now: the model card written at the end needs them
     if metrics["final"].get("failed"):
         raise MechEvalError(f"{run_dir} is a failed run ({metrics['final']['failed']}): an intervention grid on it "
@@ -62,6 +63,7 @@ def _load_model(run_dir: Path):
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     require_checkpoint_architecture(run_dir)          # a plug-in's model type: loads it, or names it
+    _check_model_fits(run_dir)
     try:
         # mismatched shapes are loaded as fresh weights and listed, so they can be named here
         model, info = AutoModelForCausalLM.from_pretrained(run_dir, output_loading_info=True,
@@ -98,6 +100,24 @@ def _load_model(run_dir: Path):
         raise MechEvalError(f"{weights} holds NaN or infinite weights ({broken[0]}"
                             f"{f' and {len(broken) - 1} more' if len(broken) > 1 else ''}): the model diverged")
     return model
+
+
+def _check_model_fits(run_dir: Path) -> None:
+    """config.json is an object naming a model type, and the model it describes fits in memory:
+    counted before it is built (a config edited to 10^6 layers would otherwise be built first)."""
+    from transformers import AutoConfig
+
+    from ..adapters.native_config import count_native_parameters
+    from ..models import MechEvalConfig, count_parameters
+
+    read_json(run_dir / "config.json", {"model_type": str})
+    try:
+        config = AutoConfig.from_pretrained(run_dir)
+        params = count_parameters(config) if isinstance(config, MechEvalConfig) else count_native_parameters(config)
+    except (ValueError, OSError, KeyError, TypeError, AttributeError, OverflowError, RuntimeError) as exc:
+        raise MechEvalError(f"cannot read the model configuration in {run_dir}: {(str(exc).splitlines() or [''])[0]}") \
+            from None
+    check_memory(f"the model in {run_dir} ({params:,} parameters)", {"weights and a forward's activations": 8 * params})
 
 
 def _shape(size) -> str:

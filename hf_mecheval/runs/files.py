@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ..errors import MechEvalError
 from ..io_utils import FRACTION, NUMBER, OPTIONAL_NUMBER, maybe, read_json
 
 # run.json, written by `mecheval train` (training.trainer.run_record); what the reports tabulate and
@@ -34,8 +35,20 @@ RESULT_ROWS = [{"label": str, "architecture": (str, type(None)), "task": str, "h
                 "conv_kernel": object, "validation_accuracy": FRACTION, "test_accuracy": FRACTION}]
 
 
+MAX_LAYERS = 10_000       # far beyond any model here; a larger layer index in a grid is a damaged file
+
+
 def read_interventions(path: str | Path) -> dict:
-    return read_json(path, INTERVENTIONS)
+    """interventions.json, its shape checked, and each cell's layer a real one: from 0 (to
+    ``MAX_LAYERS``), the layer its site names (``layers.<layer>.``)."""
+    grid = read_json(path, INTERVENTIONS)
+    for name, corruption in grid["corruptions"].items():
+        for cell in corruption["cells"]:
+            layer = cell["layer"]
+            if isinstance(layer, bool) or not 0 <= layer < MAX_LAYERS or not cell["site"].startswith(f"layers.{layer}."):
+                raise MechEvalError(f"{path}: a {name}-corrupted cell has layer {layer!r} for site {cell['site']!r} "
+                                    f"(a layer from 0 to {MAX_LAYERS - 1}, the one its site names)")
+    return grid
 
 
 def format_score(value) -> str:

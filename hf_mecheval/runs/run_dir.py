@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..io_utils import is_temporary, read_json, write_text_atomic
-from .files import INTERVENTIONS, METRICS, RUN_RECORD, GridSettings
+from .files import METRICS, RUN_RECORD, GridSettings, read_interventions
 
 # every name a run (or a stacked run's directory) writes; checkpoints and temporaries by pattern
 RUN_FILES = {"command.txt", "run.json", "config.json", "generation_config.json", "model.safetensors",
@@ -311,7 +311,7 @@ class RunDir:
 
     def interventions(self) -> dict | None:
         """interventions.json, or None before `mecheval evaluate` ran."""
-        return read_json(self.interventions_path, INTERVENTIONS) if self.evaluated else None
+        return read_interventions(self.interventions_path) if self.evaluated else None
 
     # -- writing (atomically: a reader never sees half a file)
     def start(self, command: str, record: dict) -> None:

@@ -415,10 +415,17 @@ def load_stack_file(path: str | Path) -> tuple[Path, list[Member]]:
         raise MechEvalError(f"cannot read the stack file {path}: {(str(exc).splitlines() or [''])[0]}") from None
     if not isinstance(spec, dict) or set(spec) != {"output_dir", "runs"} or not isinstance(spec["runs"], list):
         raise ConfigError("stack", f"{path} must be an object with exactly the keys output_dir and runs (a list)")
+    if not isinstance(spec["output_dir"], str) or not spec["output_dir"]:
+        raise ConfigError("output_dir", f"{path}: the stack's output_dir must be a folder name, got {spec['output_dir']!r}")
+    if not spec["runs"]:
+        raise ConfigError("runs", f"{path} lists no runs")
     members = []
     for i, run in enumerate(spec["runs"]):
         if not isinstance(run, dict) or set(run) != {"name", "output_dir", "args"}:
             raise ConfigError("runs", f"entry {i} of {path} must have exactly the keys name, output_dir, args")
+        for key in ("name", "output_dir"):
+            if not isinstance(run[key], str) or not run[key]:
+                raise ConfigError(key, f"entry {i} of {path}: {key} must be a non-empty string, got {run[key]!r}")
         if not isinstance(run["args"], dict):
             raise ConfigError("runs", f"the args of entry {i} of {path} must be an object of argument names to values")
         parsed = parse_dict({**run["args"], "output_dir": str(run["output_dir"])}, f"{path}, run {run['name']}")

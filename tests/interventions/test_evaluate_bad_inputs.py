@@ -184,3 +184,28 @@ def test_a_grid_beyond_memory_is_one_clear_error(run_dir, tmp_path, capsys, monk
     assert "the intervention grid (" in line and "on one document would need about" in line, line
     assert "free for it" in line and "evaluate fewer sites" in line
     assert not (out / "interventions.json").exists()
+
+
+def test_a_config_that_is_not_an_object_is_named(run_dir, tmp_path, capsys, no_grid):
+    run = copy_run(run_dir, tmp_path)
+    (run / "config.json").write_text("null")
+    assert mecheval(["evaluate", str(run), "-n", "8"]) == 2
+    assert "config.json: the top level should be an object, not null" in one_error(capsys)
+
+
+def test_pickled_weights_alone_are_never_loaded(run_dir, tmp_path, capsys, no_grid):
+    import torch
+    from safetensors.torch import load_file
+
+    run = copy_run(run_dir, tmp_path)
+    torch.save(load_file(run / "model.safetensors"), run / "pytorch_model.bin")
+    (run / "model.safetensors").unlink()
+    assert mecheval(["evaluate", str(run), "-n", "8"]) == 2
+    assert "is not a finished run: model.safetensors is missing" in one_error(capsys)
+
+
+def test_a_model_too_large_for_memory_is_refused_before_it_is_built(run_dir, tmp_path, capsys, no_grid):
+    run = copy_run(run_dir, tmp_path)
+    edit_json(run / "config.json", lambda c: c.update(num_hidden_layers=10**7))
+    assert mecheval(["evaluate", str(run), "-n", "8"]) == 2
+    assert re.search(r"the model in .* \([\d,]+ parameters\) would need about", one_error(capsys))

@@ -26,6 +26,11 @@ def one_error(capsys) -> str:
     return err[0]
 
 
+CELL = ('{"corruptions": {"key": {"clean_accuracy": 1, "cells": [{"site": "layers.0.input", "layer": %s, '
+        '"position": "key", "restoration": 0.5, "restoration_ci": null}]}}, '
+        '"mechanism": {"label": "failed", "confidence": "high", "reason": "r"}}')
+
+
 def without_model(text: str) -> str:
     record = json.loads(text)
     del record["model"]
@@ -52,6 +57,10 @@ def without_model(text: str) -> str:
     ("interventions/interventions.json", "{}", '"corruptions" is missing'),
     ("interventions/interventions.json", '{"corruptions": {"key": {"clean_accuracy": 1, "cells": []}}}',
      '"corruptions.key.cells" should be a non-empty array, not an empty array'),
+    # a layer index no model has (the report looped up to it) or not the one its site names
+    ("interventions/interventions.json", CELL % "-5", "a key-corrupted cell has layer -5 for site 'layers.0.input'"),
+    ("interventions/interventions.json", CELL % "1000000000", "a key-corrupted cell has layer 1000000000"),
+    ("interventions/interventions.json", CELL % "1", "a key-corrupted cell has layer 1 for site 'layers.0.input'"),
 ])
 def test_report_names_the_bad_file(run_dir, tmp_path, capsys, name, content, message):
     run = shutil.copytree(run_dir, tmp_path / "run")

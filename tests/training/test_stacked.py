@@ -299,3 +299,19 @@ def test_stacked_adamw_is_torch_fused_adamw_on_each_copy():
             lone_opts[k].step()
             for p, n in zip(lone[k], shapes):
                 assert torch.equal(stacked[n].detach()[k], p.detach()), (step, k, n)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"output_dir": None, "runs": []}, "output_dir: s.json: the stack's output_dir must be a folder name, got None"),
+    ({"output_dir": "st", "runs": []}, "runs: s.json lists no runs"),
+    ({"output_dir": "st", "runs": [{"name": ["a"], "output_dir": "x", "args": {}}]},
+     "name: entry 0 of s.json: name must be a non-empty string, got ['a']"),
+    ({"output_dir": "st", "runs": [{"name": "a", "output_dir": None, "args": {}}]},
+     "output_dir: entry 0 of s.json: output_dir must be a non-empty string, got None"),
+])
+def test_bad_stack_files_are_one_line(tmp_path, capsys, monkeypatch, spec, message):
+    monkeypatch.chdir(tmp_path)
+    Path("s.json").write_text(json.dumps(spec))
+    assert main(["--stack", "s.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

@@ -485,3 +485,9 @@ def test_yaml_aliases_within_bounds_still_read():
 
     assert load_yaml("a: &x {lr: 1, seeds: [1, 2]}\nb: *x\n", "f") == {"a": {"lr": 1, "seeds": [1, 2]},
                                                                       "b": {"lr": 1, "seeds": [1, 2]}}
+
+
+def test_json_input_keeps_its_nulls():
+    from hf_mecheval.io_utils import loads_finite
+
+    assert loads_finite('{"a": null, "b": [null, 1, {"c": null}]}', "f") == {"a": None, "b": [None, 1, {"c": None}]}
