@@ -196,7 +196,7 @@ def _report(args: argparse.Namespace) -> int:
         raise MechEvalError("--check and --update go with --results DIR")
     if not args.runs:
         raise MechEvalError("give run directories, or --results DIR")
-    result = write_report(args.runs, args.out)
+    result = write_report(args.runs, args.out, overwrite=args.overwrite)
     print(markdown_table(result["rows"]), end="")
     print(f"report: {args.out}/report.md")
     return 0
@@ -288,11 +288,20 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a huge value echoed in an error shortened (``shorten_values``)."""
+
+    def error(self, message):
+        from .errors import shorten_values
+
+        super().error(shorten_values(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .tasks.seeding import SPLITS
 
     presets = _preset_names()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mecheval",
         description="Mechanistic evaluation of Transformers and state-space models on AR and ATR.",
     )
@@ -380,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "mechanism labels of runs, as report.md, CSV/JSON and figures.")
     rep.add_argument("runs", nargs="*", help="run directories (evaluated ones include intervention results)")
     rep.add_argument("--out", default="runs/report", help="output folder (default runs/report)")
+    rep.add_argument("--overwrite", action="store_true",
+                     help="write into --out even where it holds files hf-mecheval did not write there")
     rep.add_argument("--results", metavar="DIR",
                      help="instead of runs: regenerate the figures and claims.md of a results folder (REPRODUCTION.md's "
                           "results/) from its <sweep>/runs.json")

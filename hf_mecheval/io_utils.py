@@ -11,7 +11,6 @@ import math
 import os
 import re
 import secrets
-import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -69,20 +68,6 @@ def give_new_file_mode(paths) -> None:
     mode = new_file_mode()
     for path in paths:
         os.chmod(path, mode)
-
-
-def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
-    """Remove the temporaries (files and staged folders) that killed writers left anywhere under
-    ``folder``; returns them. Only for a folder whose lock the caller holds."""
-    removed = []
-    for root, dirs, files in os.walk(folder):
-        for name in [*dirs, *files]:
-            if is_temporary(name):
-                target = Path(root) / name
-                shutil.rmtree(target) if name in dirs else target.unlink()
-                removed.append(target)
-        dirs[:] = [d for d in dirs if not is_temporary(d)]
-    return removed
 
 
 @contextlib.contextmanager

@@ -172,3 +172,74 @@ def test_a_device_or_fifo_is_never_replaced_by_a_file(tmp_path, capsys):
         with pytest.raises(MechEvalError, match="not a regular file"):
             write_text_atomic(target, "x", overwrite=True)
     assert stat.S_ISFIFO(fifo.lstat().st_mode) and stat.S_ISCHR(os.lstat(os.devnull).st_mode)
+
+
+def _published(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_multi_preset_publish_is_one_swap(tmp_path, monkeypatch):
+    """Killed at the swap, the folder is all old (both presets and the card); a publish of one
+    preset keeps the other one's files and its card section."""
+    from hf_mecheval.tasks import publish
+
+    folder = materialize(["ar_32", "atr_easy"], tmp_path / "pub", train_size=8, eval_size=4, seed=0, progress=False)
+    before = _published(folder)
+
+    def killed(a, b):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(publish, "_exchange", killed)
+    with pytest.raises(KeyboardInterrupt):
+        materialize(["ar_32", "atr_easy"], folder, train_size=8, eval_size=4, seed=1, overwrite=True, progress=False)
+    assert _published(folder) == before
+    assert not list(tmp_path.glob(".pub.*.tmp"))          # the staged folder went with the failure
+    monkeypatch.undo()
+    materialize(["ar_32"], folder, train_size=8, eval_size=4, seed=1, overwrite=True, progress=False)
+    after = _published(folder)
+    assert {k: v for k, v in after.items() if k.startswith("atr_easy/")} == \
+        {k: v for k, v in before.items() if k.startswith("atr_easy/")}
+    assert json.loads(after["ar_32/card.json"])["seed"] == 1 and "atr_easy" in after["README.md"].decode()
+
+
+def test_a_publish_killed_between_two_renames_is_put_back_by_the_next(tmp_path, monkeypatch):
+    """Where the atomic exchange is missing: killed after the previous folder was moved aside,
+    the next publish puts it back first, and a stranger's temporary beside it is left alone."""
+    from hf_mecheval.tasks import publish
+
+    folder = materialize(["ar_32", "atr_easy"], tmp_path / "pub", train_size=8, eval_size=4, seed=0, progress=False)
+    before = _published(folder)
+    stranger = tmp_path / ".pub.0123abcd.tmp"
+    stranger.mkdir()
+    (stranger / "keep.txt").write_text("not publish's")
+    monkeypatch.setattr(publish, "_exchange", lambda a, b: False)
+    real_rename, calls = os.rename, []
+
+    def rename(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:                   # the stage would go in place of the folder now
+            raise KeyboardInterrupt
+        real_rename(a, b)
+
+    monkeypatch.setattr(publish.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        materialize(["ar_32"], folder, train_size=8, eval_size=4, seed=1, overwrite=True, progress=False)
+    assert not folder.exists() or not any(folder.iterdir())     # the previous data sits aside
+    monkeypatch.setattr(publish.os, "rename", real_rename)
+    materialize(["ar_32"], folder, train_size=8, eval_size=4, seed=1, overwrite=True, progress=False)
+    after = _published(folder)
+    assert {k: v for k, v in after.items() if k.startswith("atr_easy/")} == \
+        {k: v for k, v in before.items() if k.startswith("atr_easy/")}
+    assert json.loads(after["ar_32/card.json"])["seed"] == 1
+    assert (stranger / "keep.txt").read_text() == "not publish's"
+
+
+def test_publish_refuses_a_folder_with_other_files_or_the_current_one(tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.md").write_text("mine")
+    with pytest.raises(MechEvalError, match="notes.md, which mecheval data publish does not write"):
+        materialize(["ar_32"], tmp_path / "mine", train_size=8, eval_size=4, overwrite=True, progress=False)
+    monkeypatch.chdir(tmp_path / "mine")
+    with pytest.raises(MechEvalError, match="holds the current folder"):
+        materialize(["ar_32"], ".", train_size=8, eval_size=4, overwrite=True, progress=False)
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.md"]

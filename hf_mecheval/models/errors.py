@@ -5,8 +5,25 @@ its remote code (``remote_code.py``). The rest of hf-mecheval imports them from 
 """
 
 
+import re
+
+_HUGE_WORD = re.compile(r"[^\s'\"]{201,}")
+
+
+def shorten_values(text: str) -> str:
+    """``text`` with every run of more than 200 characters without a space or quote (a huge value
+    a user gave, echoed back) cut to its first 60 and its length: an error stays one readable line."""
+    return _HUGE_WORD.sub(lambda m: f"{m.group()[:60]}... ({len(m.group()):,} characters)", text)
+
+
 class MechEvalError(Exception):
-    """Base class for every error hf-mecheval raises on bad user input."""
+    """Base class for every error hf-mecheval raises on bad user input. The message is one line
+    with huge echoed values shortened (``shorten_values``)."""
+
+    def __init__(self, *args):
+        if len(args) == 1 and isinstance(args[0], str):
+            args = (shorten_values(args[0]),)
+        super().__init__(*args)
 
 
 class ConfigError(MechEvalError, ValueError):

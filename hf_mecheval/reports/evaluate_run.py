@@ -17,6 +17,7 @@ from ..tasks.presets import get_preset, task_from_dict
 from . import plots
 from ..runs import RunDir
 from ..runs.files import GridSettings
+from ..runs.manifest import claim_output_folder, recording
 from ..runs.model_card import write_model_card
 from ..runs.files import RESTORATION_HISTORY
 
@@ -144,9 +145,13 @@ def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 32
     target = out / "interventions.json"
     if target.exists() and not overwrite:
         raise MechEvalError(f"{target} already exists; pass --overwrite to replace it")
+    if out.resolve() != own.resolve():      # a folder of the user's: only files we wrote there are replaced
+        claim_output_folder(out, overwrite)
     with locked_folder(run_dir):        # it also writes the run's model card: one writer at a time
-        result = _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples,
-                           progress)
+        # the grid's files go into the run's manifest when they land in the run's folder
+        with recording(run_dir if out.resolve() == own.resolve() else out):
+            result = _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples,
+                               progress)
         if out.resolve() == own.resolve():
             write_model_card(run_dir)      # the card now carries the restoration scores and the label
         # a grid written elsewhere (--out) leaves the run directory as it was

@@ -151,7 +151,7 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
              f"the last layer. Wall time of this invocation: {minutes:.1f} min.", "", "## The paper's headline here", ""]
     lines += [f"- {'**reproduced**' if c['holds'] else '**not reproduced**'}: {c['claim']} — {c['figures']}"
               for c in checks]
-    report = write_report([runs_dir / n for n, _, _ in MODELS], out, title="hf-mecheval quickstart",
+    report = write_report([runs_dir / n for n, _, _ in MODELS], out, overwrite=True, title="hf-mecheval quickstart",
                           preamble="\n".join(lines))
     summary = {"setting": setting, "seed": seed, "learning_rates": LEARNING_RATES, "epochs": EPOCHS, "minutes": minutes, "checks": checks,
                "rows": report["rows"], "figures": report["figures"]}

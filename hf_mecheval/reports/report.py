@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import MechEvalError  # noqa: E402
 from ..io_utils import write_text_atomic  # noqa: E402
+from ..runs.manifest import claim_output_folder, recording
 from ..runs import RunDir  # noqa: E402
 from ..runs.files import format_score, last_layer_summary  # noqa: E402
 from ..runs.run_dir import init_scheme_of  # noqa: E402
@@ -169,11 +170,19 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-mecheval report",
-                 preamble: str = "") -> dict:
+                 preamble: str = "", overwrite: bool = False) -> dict:
+    """report.md, runs.csv/json and the figures of ``run_dirs`` in the folder ``out``, which must
+    hold only files hf-mecheval wrote there (``claim_output_folder``) unless ``overwrite``."""
     out = Path(out)
     rows = collect_runs(run_dirs)
     if not rows:
         raise MechEvalError("no runs to report")
+    claim_output_folder(out, overwrite)
+    with recording(out):
+        return _write_report(rows, out, title, preamble)
+
+
+def _write_report(rows: list[dict], out: Path, title: str, preamble: str) -> dict:
     made = figures(rows, out)
     flat = [{k: v for k, v in r.items() if k not in ("layer_scores", "component_scores")} for r in rows]
     buffer = io.StringIO()

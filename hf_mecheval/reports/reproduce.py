@@ -61,5 +61,5 @@ def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "
     write_results(sweep, out)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]
     finished = [r for r in runs if RunDir(r).finished]
-    report = write_report(finished, Path(out) / sweep.name / "report", title=f"hf-mecheval: {preset}")
+    report = write_report(finished, Path(out) / sweep.name / "report", overwrite=True, title=f"hf-mecheval: {preset}")
     return {"outcome": outcome, "report": report["out"]}

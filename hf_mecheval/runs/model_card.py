@@ -14,6 +14,7 @@ from pathlib import Path
 from ..adapters.native_config import is_native
 from .files import format_score, last_layer_summary
 from .run_dir import RunDir
+from .manifest import add_written
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # what `mecheval push` uploads: the model with its code, generation config and tokenizer; the card; the run's records
@@ -70,6 +71,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         native=native, **_example(task))
     path = run.path / RunDir.CARD
     card.save(path)
+    add_written(run.path, [RunDir.CARD])
     return path
 
 

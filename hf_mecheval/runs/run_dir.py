@@ -27,6 +27,7 @@ from pathlib import Path
 from ..errors import MechEvalError
 from ..io_utils import is_temporary, read_json, write_text_atomic
 from .files import METRICS, RUN_RECORD, GridSettings, read_interventions
+from .manifest import add_written, files_under, remove_written, remove_written_below, written
 
 # every name a run (or a stacked run's directory) writes; checkpoints and temporaries by pattern
 RUN_FILES = {"command.txt", "run.json", "config.json", "generation_config.json", "model.safetensors",
@@ -37,6 +38,9 @@ TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 RUN_FOLDERS = {"interventions"}
 MARKS = ("command.txt", "run.json")
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+# what a checkpoint holds besides the model: the Trainer's state (stacked runs add their own) and
+# the training clock (training/callbacks.py: TrainingClock.FILE)
+CHECKPOINT_STATE = re.compile(r"optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|[\w.-]+_state\.json|wall_time\.json")
 
 
 def _written_by_a_run(path: Path) -> bool:
@@ -71,7 +75,14 @@ def check_replaceable(folder: str | os.PathLike, flag: str = "--overwrite") -> N
         raise MechEvalError(f"{flag} would delete {folder}, which holds the current folder; give the run "
                             "its own folder")
     entries = list(folder.iterdir())
-    foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in entries if not _written_by_a_run(p))
+    ours = written(folder)
+    if ours is not None:           # the manifest: every file below the folder must be one the run wrote
+        foreign = sorted(path for path in files_under(folder) if path not in ours)
+    else:                          # a run from before the manifest: judged by the names a run writes
+        foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in entries if not _written_by_a_run(p))
+        for sub in entries:        # and in its checkpoints and grid, the files a run writes there
+            if sub.is_dir() and not sub.is_symlink() and _written_by_a_run(sub) and not is_temporary(sub.name):
+                foreign += sorted(f.relative_to(folder).as_posix() for f in _foreign_below(sub))
     marked = any((folder / m).is_file() for m in MARKS)
     real = [p for p in entries if not is_temporary(p.name)]
     if foreign or (real and not marked):
@@ -81,11 +92,43 @@ def check_replaceable(folder: str | os.PathLike, flag: str = "--overwrite") -> N
                             "those files or choose another folder")
 
 
+def _foreign_below(subfolder: Path) -> list[Path]:
+    """Files in a run's subfolder (a checkpoint, the grid) that no run writes (folders without a
+    manifest): a run writes its own names, the Trainer's state files, and the grid's figures."""
+    return [p for p in subfolder.rglob("*")
+            if not (p.is_dir() and not p.is_symlink()) and not _written_by_a_run(p)
+            and not CHECKPOINT_STATE.fullmatch(p.name) and not (subfolder.name in RUN_FOLDERS and p.suffix == ".png")
+            and p.name not in ("interventions.json", "finished.json")]
+
+
+def remove_run_subfolder(folder: Path, sub: Path) -> None:
+    """Remove the run's subfolder ``sub`` (a checkpoint) of ``folder``: the files the run wrote
+    there, refusing where a person's file is among them."""
+    ours = written(folder)
+    if ours is None:
+        foreign = _foreign_below(sub)
+        if foreign:
+            raise MechEvalError(f"{sub} holds {foreign[0]}, which no run writes; move it before --resume")
+        shutil.rmtree(sub)
+        return
+    prefix = sub.relative_to(folder).as_posix() + "/"
+    below = {path for path in files_under(folder) if path.startswith(prefix)}
+    foreign = sorted(below - ours)
+    if foreign:
+        raise MechEvalError(f"{sub} holds {foreign[0]}, which the run did not write; move it before --resume")
+    remove_written_below(folder, below)
+
+
 def clear_run_dir(folder: str | os.PathLike, flag: str = "--overwrite") -> None:
-    """Empty a run directory (``check_replaceable`` first). The folder itself stays: the lock of
-    the process replacing the run is on it."""
+    """Empty a run directory (``check_replaceable`` first): the files its manifest lists, or, for
+    a run from before the manifest, everything in it (``check_replaceable`` found only a run's
+    files). The folder itself stays: the lock of the process replacing the run is on it."""
     folder = Path(folder)
     check_replaceable(folder, flag)
+    ours = written(folder)
+    if ours is not None:
+        remove_written(folder, ours)
+        return
     for entry in folder.iterdir() if folder.is_dir() else ():
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
@@ -154,7 +197,7 @@ def resume_checkpoint(run_dir: str | os.PathLike, remove_unusable: bool = True) 
         if problem is None:
             for bad, why in unusable if remove_unusable else ():
                 print(f"resume: removing {bad}: {why}", file=sys.stderr)
-                shutil.rmtree(bad)
+                remove_run_subfolder(Path(run_dir), bad)
             return path
         unusable.append((path, problem))
     bad, why = unusable[0]
@@ -320,9 +363,11 @@ class RunDir:
         clear_run_dir(self.path)
         write_text_atomic(self.path / self.COMMAND, command + "\n")
         write_text_atomic(self.path / self.RECORD, json.dumps(record, indent=2, default=str) + "\n")
+        add_written(self.path, [self.COMMAND, self.RECORD])
 
     def finish(self, metrics: dict) -> None:
         """metrics.json: the run is finished (its model card is written from it: ``model_card.py``).
         A NaN or infinite number (a diverged run's loss) is written as null: strict JSON."""
         write_text_atomic(self.path / self.METRICS, json.dumps(finite_or_null(metrics), indent=2, allow_nan=False)
                           + "\n", overwrite=True)
+        add_written(self.path, [self.METRICS])

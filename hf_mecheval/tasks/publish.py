@@ -8,11 +8,14 @@ Layout::
     FOLDER/<preset>/{train,validation,test}-00000-of-00001.parquet
     FOLDER/<preset>/card.json                                   that preset's section of the card
 
-Publishing is all or nothing: every preset is written into a folder staged beside its own
-(``FOLDER/.<preset>.XXXXXXXX.tmp``) and swapped in only once all of them are complete, then
-the card is rewritten; an interrupted publish leaves the previous data whole (or, killed in the
-instant of a swap, a preset missing, which ``load_dataset`` reports), never splits of two
-publishes. The folder is locked while it is written, so two publishes never mix either.
+Publishing is all or nothing: the whole new folder (presets published earlier and not now
+hard-linked in, the new ones generated, the card) is staged beside it (``.FOLDER.XXXXXXXX.tmp``)
+and swapped in at once (Linux's atomic RENAME_EXCHANGE; elsewhere two renames, undone by the
+next publish if a kill falls between them). An interrupted publish leaves the previous data
+whole, never splits of two publishes, and a card that describes exactly the data beside it. The
+dataset folder holds only what publish writes (anything else is refused), and only the staged
+folders publish marks as its own are ever removed. The folder is locked while it is written,
+so two publishes never mix either.
 """
 from __future__ import annotations
 
@@ -24,8 +27,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import MechEvalError
-from ..io_utils import (is_temporary, locked_folder, remove_stale_temporaries, temporary_beside, write_parquet_atomic,
-                        write_text_atomic)
+from ..io_utils import is_temporary, locked_folder, temporary_beside, write_parquet_atomic, write_text_atomic
 from .base import GENERATOR_VERSION
 from .presets import get_preset, build_task
 from .seeding import SPLITS
@@ -66,38 +68,130 @@ def materialize(
         }
         for n in set(sizes[name].values()):
             tasks[name].check_size(n)
+    if folder.resolve() == Path.cwd().resolve() or folder.resolve() in Path.cwd().resolve().parents:
+        raise MechEvalError(f"{folder} holds the current folder; publish into a folder of its own")
     with locked_folder(folder):
         card_path = folder / "README.md"
         if card_path.exists() and not overwrite and not _is_our_card(card_path):
             raise MechEvalError(f"{card_path} exists and is not a card written by mecheval data publish; "
                                 "pass --overwrite to replace it")
+        _check_publish_folder(folder)
         for name in presets:
             _check_preset_folder(folder / name, name, overwrite)
-        remove_stale_temporaries(folder)      # from a publish that was killed: nothing else writes here
-        staged = {}
+        _recover(folder)
+        stage = temporary_beside(folder)       # the whole new folder, swapped in at once
         try:
+            stage.mkdir()
+            write_text_atomic(stage / STAGE_MARK, json.dumps({"role": "stage"}) + "\n")
+            for kept in _preset_folders(folder):
+                if kept.name not in tasks:         # published earlier and not now: kept as it is
+                    _link_copy(kept, stage / kept.name)
             for name, task in tasks.items():
-                staged[name] = stage = temporary_beside(folder / name)
-                stage.mkdir()
+                (stage / name).mkdir()
                 split_stats = {}
                 for split in tqdm(SPLITS, desc=name, disable=not progress):
                     data = task.generate(sizes[name][split], split, seed, workers)
-                    write_parquet_atomic(data.to_arrow(), stage / split_file(name, split).split("/", 1)[1])
+                    write_parquet_atomic(data.to_arrow(), stage / split_file(name, split))
                     split_stats[split] = task_statistics(data) if len(data) else {}
                 preset = get_preset(name)
                 entry = {"preset": name, "description": preset.description, "generator_version": GENERATOR_VERSION,
                          "seed": seed, "grammar_seed": getattr(task.config, "grammar_seed", None),
                          "vocab_size": task.vocab_size, "config": task.config.to_dict(), "sizes": sizes[name],
                          "stats": split_stats}
-                write_text_atomic(stage / CARD_ENTRY, json.dumps(entry, indent=2) + "\n")
-            for name, stage in staged.items():   # every preset is complete: swap them in
-                _swap(stage, folder / name)
+                write_text_atomic(stage / name / CARD_ENTRY, json.dumps(entry, indent=2) + "\n")
+            write_text_atomic(stage / "README.md", dataset_card(_card_entries(stage, presets)))
+            (stage / STAGE_MARK).unlink()
+            _swap_folders(stage, folder)           # the stage now holds the previous data
         finally:
-            for stage in staged.values():
-                if stage.exists():
-                    shutil.rmtree(stage)
-        write_text_atomic(card_path, dataset_card(_card_entries(folder, presets)), overwrite=True)
+            if stage.exists():
+                shutil.rmtree(stage)
     return folder
+
+
+STAGE_MARK = ".mecheval-publish.json"       # in a staged folder: which role the temporary plays
+
+
+def _check_publish_folder(folder: Path) -> None:
+    """The dataset folder holds only what publish writes (the card, preset folders, its
+    temporaries): it is replaced as a whole."""
+    from .presets import PRESETS
+
+    foreign = sorted(p.name for p in folder.iterdir()
+                     if not (p.name in ("README.md", STAGE_MARK) and p.is_file()) and not is_temporary(p.name)
+                     and not (p.name in PRESETS and p.is_dir() and not p.is_symlink()))
+    if foreign:
+        raise MechEvalError(f"{folder} holds {', '.join(foreign[:3])}, which mecheval data publish does not write; "
+                            "publish into a folder of its own")
+
+
+def _preset_folders(folder: Path) -> list[Path]:
+    from .presets import PRESETS
+
+    return sorted(p for p in folder.iterdir() if p.name in PRESETS and p.is_dir() and not p.is_symlink())
+
+
+def _link_copy(source: Path, target: Path) -> None:
+    """``target``: the files of ``source`` (a preset's folder), hard-linked where the file system
+    allows (no data copied; the files are only ever replaced, never changed in place)."""
+    target.mkdir()
+    for path in source.iterdir():
+        if is_temporary(path.name) or not path.is_file():
+            continue
+        try:
+            os.link(path, target / path.name)
+        except OSError:
+            shutil.copy2(path, target / path.name)
+
+
+def _swap_folders(stage: Path, folder: Path) -> None:
+    """Put ``stage`` in place of ``folder`` in one step where Linux allows (renameat2's
+    RENAME_EXCHANGE: the two names trade places atomically, so a reader or a kill sees the old
+    folder or the new one); elsewhere two renames, the previous folder marked so that a publish
+    killed between them is put back by the next one (``_recover``)."""
+    if _exchange(stage, folder):
+        return
+    previous = temporary_beside(folder)
+    write_text_atomic(folder / STAGE_MARK, json.dumps({"role": "previous"}) + "\n")
+    os.rename(folder, previous)
+    os.rename(stage, folder)
+    os.rename(previous, stage)                 # removed by the caller, as the exchange leaves it
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    import ctypes
+    import errno
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):      # not on this kernel or file system
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _recover(folder: Path) -> None:
+    """Before publishing: a previous folder that a killed publish left marked (see
+    ``_swap_folders``) is put back where the folder is empty, and the staged folders of killed
+    publishes beside it are removed. Temporaries without the mark are left alone."""
+    for candidate in sorted(folder.parent.glob(f".{folder.name}.*.tmp")):
+        if not is_temporary(candidate.name) or not (candidate / STAGE_MARK).is_file():
+            continue
+        try:
+            role = json.loads((candidate / STAGE_MARK).read_text()).get("role")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if role == "previous" and not any(folder.iterdir()):
+            (candidate / STAGE_MARK).unlink()
+            for entry in candidate.iterdir():
+                os.rename(entry, folder / entry.name)
+            candidate.rmdir()
+        elif role == "stage":
+            shutil.rmtree(candidate)
 
 
 def _check_preset_folder(path: Path, name: str, overwrite: bool) -> None:
@@ -115,18 +209,6 @@ def _check_preset_folder(path: Path, name: str, overwrite: bool) -> None:
         if (path.parent / split_file(name, split)).exists() and not overwrite:
             raise MechEvalError(f"{path.parent / split_file(name, split)} already exists; pass --overwrite to "
                                 "replace it")
-
-
-def _swap(stage: Path, target: Path) -> None:
-    """Put the complete folder ``stage`` in place of ``target``: two renames, the old folder
-    removed after."""
-    old = None
-    if target.exists():
-        old = temporary_beside(target)
-        os.rename(target, old)
-    os.rename(stage, target)
-    if old is not None:
-        shutil.rmtree(old)
 
 
 CARD_ENTRY = "card.json"

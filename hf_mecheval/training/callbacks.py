@@ -14,6 +14,7 @@ from ..errors import MechEvalError
 from ..interventions.engine import engine_for
 from ..interventions.grid import POSITIONS, cell, run_grid
 from ..io_utils import write_text_atomic
+from ..runs.manifest import add_written
 from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData
 
@@ -111,6 +112,7 @@ class RestorationCallback(TrainerCallback):
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / HISTORY_FILE, json.dumps(self.history, indent=1) + "\n", overwrite=True)
+        add_written(out, [HISTORY_FILE])
 
 
 class TrainingClock(TrainerCallback):
@@ -150,6 +152,7 @@ class TrainingClock(TrainerCallback):
         if state.is_world_process_zero and checkpoint.is_dir():
             write_text_atomic(checkpoint / self.FILE, json.dumps(
                 {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "segments": self.segments}), overwrite=True)
+            add_written(args.output_dir, [checkpoint / self.FILE])
 
     def summary(self) -> dict:
         """What metrics.json records: wall and CPU seconds of training (CPU: None when a segment's

@@ -54,17 +54,39 @@ def _numeric_fields() -> set[str]:
     return numeric
 
 
+# TrainingArguments flags whose value may name a JSON file, which it opens while it is built
+FILE_FLAGS = ("deepspeed", "accelerator_config", "fsdp_config")
+
+
+def _flag_values(argv: list[str]):
+    """(field name, value) for each ``--flag value`` and ``--flag=value`` in ``argv``."""
+    for i, token in enumerate(argv):
+        if not token.startswith("--"):
+            continue
+        name, equals, value = token[2:].partition("=")
+        if not equals:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        yield name.replace("-", "_"), value
+
+
+def _refuse_missing_files(argv: list[str]) -> None:
+    for name, value in _flag_values(argv):
+        if name in FILE_FLAGS and not value.lstrip().startswith("{") and not _is_file(value):
+            raise ConfigError(name, f"no such file: {value!r} (a JSON file, or a JSON object)")
+
+
+def _is_file(name: str) -> bool:
+    try:
+        return bool(name) and Path(name).is_file()
+    except (OSError, ValueError):           # a name too long for the file system, a NUL byte
+        return False
+
+
 def _refuse_non_finite_flags(argv: list[str]) -> None:
     """NaN or infinity given to a numeric flag, named: TrainingArguments turns some of them
     (``--logging_steps inf``) into integers, which fails without naming the flag."""
     numeric = _numeric_fields()
-    for i, token in enumerate(argv):
-        if not token.startswith("--"):
-            continue
-        name, _, value = token[2:].partition("=")
-        if not _ and i + 1 < len(argv):
-            value = argv[i + 1]
-        name = name.replace("-", "_")
+    for name, value in _flag_values(argv):
         if name in numeric and value:
             try:
                 number = float(value)
@@ -92,6 +114,7 @@ def parse(argv: Sequence[str]):
         refuse_non_finite(values, str(path))
         argv = as_flags(values) + argv
     _refuse_non_finite_flags(argv)
+    _refuse_missing_files(argv)
     try:
         model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except argparse.ArgumentError as exc:    # a value of the wrong type or not among the choices

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -45,7 +44,8 @@ from ..errors import ConfigError, MechEvalError
 from ..io_utils import loads_finite, locked_folder, read_json, write_text_atomic
 from ..models.stacked import StackedCausalLM
 from ..runs import RunDir
-from ..runs.run_dir import check_replaceable, clear_run_dir, differences, holds_files, resume_checkpoint
+from ..runs.manifest import add_written
+from ..runs.run_dir import check_replaceable, clear_run_dir, remove_run_subfolder, differences, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import validate
 from .callbacks import TrainingClock
@@ -371,6 +371,7 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
         clear_run_dir(stack_dir)
         write_text_atomic(stack_dir / "command.txt", (command or this_command()) + "\n", overwrite=True)
         write_text_atomic(stack_dir / RECORDS, json.dumps(records, indent=2) + "\n", overwrite=True)
+        add_written(stack_dir, ["command.txt", RECORDS])
     args = dataclasses.replace(first_training, output_dir=str(stack_dir), learning_rate=1.0, max_grad_norm=0.0)
     trainer = StackedTrainer(
         model=stacked, args=args, train_dataset=StackedTaskDataset(data["train"], K),
@@ -401,9 +402,13 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
                   file=sys.stderr)
         finals.append(finish_run(lone, splits, run_dir, extra))
     for ckpt in stack_dir.glob("checkpoint-*"):        # every copy now lives in its own run directory
-        shutil.rmtree(ckpt)
+        try:
+            remove_run_subfolder(stack_dir, ckpt)
+        except MechEvalError as exc:                   # a person's file in it: the checkpoint stays
+            print(f"stacked run: {exc}; {ckpt} was left as it is", file=sys.stderr)
     write_text_atomic(stack_dir / "finished.json", json.dumps(
         {"runs": [m.name for m in members], "diverged_at_step": diverged}, indent=2) + "\n", overwrite=True)
+    add_written(stack_dir, ["finished.json"])
     return finals
 
 

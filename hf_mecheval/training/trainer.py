@@ -21,6 +21,7 @@ from ..errors import MechEvalError
 from ..io_utils import give_new_file_mode
 from ..models import build_model
 from ..runs import RunDir
+from ..runs.manifest import recording
 from ..runs.model_card import write_model_card
 from ..tasks.presets import get_preset
 from .arguments import DataArguments, ModelArguments, RunArguments, resolved_sizes
@@ -61,17 +62,19 @@ class MechEvalTrainer(Trainer):
             give_new_file_mode(Path(output_dir or self.args.output_dir).glob("*.safetensors"))
 
     def _save_checkpoint(self, model, trial):
-        with saving(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"):
+        with saving(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}", record=self.args.should_save):
             super()._save_checkpoint(model, trial)
 
 
 @contextlib.contextmanager
-def saving(path: Path):
+def saving(path: Path, record: bool = True):
     """Writing ``path`` (a checkpoint, the final model): a failure — typically a full disk, which
     torch.save reports only as a position mismatch — is one clear error, not a traceback. What
-    was cut short is never resumed from (``run_dir.resume_checkpoint``)."""
+    was cut short is never resumed from (``run_dir.resume_checkpoint``). What it wrote is recorded in the
+    run's manifest (``runs/manifest.py``) when ``record``."""
     try:
-        yield
+        with recording(path.parent) if record else contextlib.nullcontext():
+            yield
     except (OSError, RuntimeError, ValueError) as exc:
         try:
             free = shutil.disk_usage(path.parent).free

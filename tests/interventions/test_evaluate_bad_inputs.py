@@ -178,6 +178,9 @@ def test_a_grid_beyond_memory_is_one_clear_error(run_dir, tmp_path, capsys, monk
     # position name; the grid has five): the grid gets half of it. The other checks still pass.
     assert memory.peak > task.memory_estimate(8) + 8 * 4 * 10 * 8
     monkeypatch.setattr("hf_mecheval.resources.memory_limit", lambda: memory.peak)
+    # the model's own size is checked first, against the same memory: at this size it is the grid
+    # that must be refused, so that check is left out here (it has its own test)
+    monkeypatch.setattr("hf_mecheval.reports.evaluate_run._check_model_fits", lambda run_dir: None)
     out = tmp_path / "out"
     assert mecheval(["evaluate", str(run_dir), "-n", "8", "--resamples", "10", "--out", str(out)]) == 2
     line = one_error(capsys)
@@ -209,3 +212,12 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(run_dir, tmp
     edit_json(run / "config.json", lambda c: c.update(num_hidden_layers=10**7))
     assert mecheval(["evaluate", str(run), "-n", "8"]) == 2
     assert re.search(r"the model in .* \([\d,]+ parameters\) would need about", one_error(capsys))
+
+
+def test_evaluate_out_never_replaces_a_persons_files_unasked(run_dir, tmp_path, capsys, no_grid):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "sites_key.png").write_bytes(b"my figure")
+    assert mecheval(["evaluate", str(run_dir), "-n", "8", "--out", str(out)]) == 2
+    assert "holds files hf-mecheval did not write there (sites_key.png)" in one_error(capsys)
+    assert (out / "sites_key.png").read_bytes() == b"my figure"

@@ -131,3 +131,16 @@ def test_shape_problem_messages():
     assert shape_problem({"a": {"b": 1}, "c": [{"d": "x"}], "e": "x"}, shape) == \
         '"e" should be a number or null, not a string'
     assert shape_problem(3, object) is None
+
+
+def test_report_out_never_replaces_a_persons_files_unasked(run_dir, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("my notes")
+    assert mecheval(["report", str(run_dir), "--out", str(out)]) == 2
+    assert "holds files hf-mecheval did not write there (report.md)" in one_error(capsys)
+    assert (out / "report.md").read_text() == "my notes"
+    assert mecheval(["report", str(run_dir), "--out", str(out), "--overwrite"]) == 0
+    # a folder the report wrote is its own: written again without asking
+    assert mecheval(["report", str(run_dir), "--out", str(tmp_path / "fresh")]) == 0
+    assert mecheval(["report", str(run_dir), "--out", str(tmp_path / "fresh")]) == 0

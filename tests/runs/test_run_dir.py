@@ -23,7 +23,11 @@ def test_a_run_is_started_then_finished_and_read_back(tmp_path):
     assert run.finished
     assert run.finished_run() == (RECORD, METRICS)
     assert run.interventions() is None
-    assert sorted(p.name for p in run.path.iterdir()) == ["command.txt", "metrics.json", "run.json"]   # no temporaries
+    # no temporaries; the manifest lists what the run wrote
+    assert sorted(p.name for p in run.path.iterdir()) == [".mecheval-written.json", "command.txt", "metrics.json",
+                                                          "run.json"]
+    assert json.loads((run.path / ".mecheval-written.json").read_text())["files"] == ["command.txt", "metrics.json",
+                                                                                       "run.json"]
 
 
 def test_starting_replaces_only_a_run(tmp_path):

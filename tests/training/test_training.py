@@ -491,3 +491,38 @@ def test_json_input_keeps_its_nulls():
     from hf_mecheval.io_utils import loads_finite
 
     assert loads_finite('{"a": null, "b": [null, 1, {"c": null}]}', "f") == {"a": None, "b": [None, 1, {"c": None}]}
+
+
+def test_overwrite_removes_only_what_the_run_wrote(tmp_path, capsys):
+    """The run's manifest lists every file it wrote (its own, the Trainer's checkpoints, the
+    grid's); --overwrite refuses while anything else is below the run folder, at any depth, and
+    removes exactly the listed files once it is gone."""
+    from hf_mecheval.cli import main as mecheval
+    from hf_mecheval.runs.manifest import files_under, written
+
+    run = tmp_path / "run"
+    args = run_args(run, *SHORT, "--max_steps", "20", "--save_steps", "10", "--save_total_limit", "5")
+    with pytest.raises(KeyboardInterrupt):
+        train(*parse(args), callbacks=[StopAt(20)])        # checkpoints 10 and 20 stay
+    assert main([*args, "--resume"]) == 0
+    assert mecheval(["evaluate", str(run), "-n", "8", "--resamples", "10"]) == 0
+    listed = written(run)
+    assert listed == set(files_under(run))                 # every file there is the run's, and listed
+    assert {"run.json", "metrics.json", "README.md", "checkpoint-10/optimizer.pt", "interventions/interventions.json",
+            "interventions/residual_key.png"} <= listed
+    for mine in ("interventions/notes.md", "checkpoint-10/mine/x"):
+        (run / mine).parent.mkdir(parents=True, exist_ok=True)
+        (run / mine).write_text("precious")
+        capsys.readouterr()
+        assert main([*args, "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert mine in err and "which no run writes" in err, err
+        (run / mine).unlink()
+    # a run from before the manifest: judged by the names a run writes, at every depth too
+    (run / ".mecheval-written.json").unlink()
+    (run / "interventions" / "notes.md").write_text("precious")
+    assert main([*args, "--overwrite"]) == 2
+    assert "interventions/notes.md" in capsys.readouterr().err
+    (run / "interventions" / "notes.md").unlink()
+    assert main([*args, "--overwrite"]) == 0
+    assert not (run / "interventions").exists() and (run / "metrics.json").exists()
