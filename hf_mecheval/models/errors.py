@@ -5,15 +5,27 @@ its remote code (``remote_code.py``). The rest of hf-mecheval imports them from 
 """
 
 
-import re
-
-_HUGE_WORD = re.compile(r"[^\s'\"]{201,}")
+_LONG = 200
 
 
 def shorten_values(text: str) -> str:
     """``text`` with every run of more than 200 characters without a space or quote (a huge value
     a user gave, echoed back) cut to its first 60 and its length: an error stays one readable line."""
-    return _HUGE_WORD.sub(lambda m: f"{m.group()[:60]}... ({len(m.group()):,} characters)", text)
+    out, run = [], []
+
+    def flush():
+        word = "".join(run)
+        out.append(f"{word[:60]}... ({len(word):,} characters)" if len(word) > _LONG else word)
+        run.clear()
+
+    for char in text:
+        if char.isspace() or char in "'\"":
+            flush()
+            out.append(char)
+        else:
+            run.append(char)
+    flush()
+    return "".join(out)
 
 
 class MechEvalError(Exception):

@@ -115,17 +115,17 @@ class Sweep:
                                       f"the sweep's directory), got {name!r}")
         defaults = spec.get("defaults") or {}
         if not isinstance(defaults, dict):
-            raise ConfigError("defaults", f"in {source}: must be a mapping from argument names to values, got {defaults!r}")
+            raise ConfigError("defaults", f"must be a mapping from argument names to values, got {defaults!r} (in {source})")
         defaults = dict(defaults)
         if "task" in spec:
             defaults["task"] = spec["task"]
         grids = spec.get("grids") or [{}]
         seeds = spec.get("seeds", [0])
         if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
-            raise ConfigError("grids", f"in {source}: must be a list of mappings from argument names to lists of values")
+            raise ConfigError("grids", f"must be a list of mappings from argument names to lists of values (in {source})")
         for key in list(defaults) + [k for g in grids for k in g]:
             if key not in RUN_FIELDS:
-                raise ConfigError(key, f"in {source}: not a training argument; see `mecheval train --help`")
+                raise ConfigError(key, f"not a training argument (in {source}); see `mecheval train --help`")
         expanded, grid_fields = [], []
         grids = [{k: (v if isinstance(v, list) else [v]) for k, v in grid.items()} for grid in grids]
         for grid in grids:
@@ -155,7 +155,7 @@ class Sweep:
         for args in expanded:
             name = run_name(args, [k for k in naming if k in args])
             if name in seen:
-                raise ConfigError("grids", f"in {source}: two runs would share the directory {name}")
+                raise ConfigError("grids", f"two runs would share the directory {name} (in {source})")
             seen.add(name)
             runs.append(Run(name, args))
         return Sweep(spec["name"], runs, grid_fields)
@@ -305,6 +305,12 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     failed = [f"{name} ({RunDir(runs_dir / name).failure}; log {r['log']})" if RunDir(runs_dir / name).finished
               else f"{name} (exit {r['returncode']}, log {r['log']})"
               for name, r in ended if name not in finished and name not in in_use]
+    # trained, but the grid asked for failed: the run is kept (the next sweep makes only the grid)
+    no_grid = [(name, r) for name, r in ended if name in finished and grid is not None
+               and not RunDir(runs_dir / name).grid_matches(grid)]
+    failed += [f"{name} (trained; its intervention grid failed: exit {r['returncode']}, log {r['log']})"
+               for name, r in no_grid]
+    finished = [name for name in finished if name not in {n for n, _ in no_grid}]
     return {"finished": finished, "skipped": skipped, "in_use": in_use, "failed": failed}
 
 

@@ -279,13 +279,18 @@ def test_workers_auto_is_one_single_threaded_process_per_core_on_a_cpu(monkeypat
     from hf_mecheval.training.launchers import plan_workers
 
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    real_sysconf = os.sysconf
+
+    def free_gib(gib):          # what is free on this machine right now must not decide the test
+        monkeypatch.setattr(os, "sysconf", lambda name: gib * 2**18 if name == "SC_AVPHYS_PAGES" else
+                            (4096 if name == "SC_PAGE_SIZE" else real_sysconf(name)))
+
+    free_gib(64)
     assert plan_workers("auto") == (4, 1, [None] * 4)
     assert plan_workers(2) == (2, 2, [None, None])
     assert plan_workers(8) == (8, 1, [None] * 8)
     # memory bounds auto: 7 GiB free holds two processes of PROCESS_MEMORY_GIB = 3
-    real_sysconf = os.sysconf
-    monkeypatch.setattr(os, "sysconf", lambda name: 7 * 2**18 if name == "SC_AVPHYS_PAGES" else
-                        (4096 if name == "SC_PAGE_SIZE" else real_sysconf(name)))
+    free_gib(7)
     assert plan_workers("auto") == (2, 2, [None, None])
     for bad in (0, -1, "3", 1.5, True):
         with pytest.raises(ConfigError, match="workers"):
@@ -460,3 +465,13 @@ def test_a_sweep_file_anchor_bomb_is_refused_before_it_is_walked(tmp_path):
     with pytest.raises(MechEvalError, match="more than 100,000 values"):
         Sweep.load(path)
     assert time.monotonic() - started < 30
+
+
+def test_a_run_whose_grid_fails_is_reported_failed_and_keeps_its_training(tmp_path):
+    sweep = tiny_sweep(architecture=["transformer"], learning_rate=[0.01])
+    grid = ["-n", "8", "--resamples", "10", "--sites", "layers.9.no_such_site"]
+    outcome = launch(sweep, tmp_path, progress=False, evaluate=grid, workers=1)
+    (name,) = [r.name for r in sweep.runs]
+    assert outcome["finished"] == [] and len(outcome["failed"]) == 1
+    assert outcome["failed"][0].startswith(f"{name} (trained; its intervention grid failed: exit 2")
+    assert (tmp_path / "tiny" / "runs" / name / "metrics.json").exists()
