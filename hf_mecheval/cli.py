@@ -298,6 +298,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .runs.files import add_grid_arguments
     from .tasks.seeding import SPLITS
 
     presets = _preset_names()
@@ -375,12 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "heatmaps and bar plots, and the mechanism label.")
     ev.add_argument("run_dir", help="a finished run directory (from mecheval train)")
     ev.add_argument("--out", help="output folder (default RUN_DIR/interventions)")
-    ev.add_argument("-n", type=_positive_int, default=320, help="documents (default 320)")
-    ev.add_argument("--split", choices=SPLITS, default="test", help="split (default test)")
-    ev.add_argument("--seed", type=_non_negative_int, help="data seed (default: the run's)")
-    ev.add_argument("--sites", nargs="+", help="only these sites (default: all; see model.site_names())")
-    ev.add_argument("--batch-size", type=_positive_int, default=64, help="documents per batch")
-    ev.add_argument("--resamples", type=_non_negative_int, default=1000, help="bootstrap resamples")
+    add_grid_arguments(ev, _positive_int, _non_negative_int, SPLITS)
     ev.add_argument("--overwrite", action="store_true", help="replace existing results")
     ev.set_defaults(func=_evaluate)
 

@@ -13,13 +13,11 @@ Standard library only: the namespace's first process imports this before anythin
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import socket
 import struct
 import subprocess
 
-CLOSED_ENV = "MECHEVAL_CLOSED_NETWORK"      # set in the namespace's processes
 _UNSHARE = ("--user", "--map-root-user", "--net", "--")
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -50,7 +48,6 @@ def bring_loopback_up() -> None:
         request = struct.pack("16sh22x", b"lo", 0)                  # struct ifreq: name, flags
         flags = struct.unpack("16sh22x", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | _IFF_UP))
-    os.environ[CLOSED_ENV] = "1"
 
 
 def interfaces(pid: int | str = "self") -> list[str]:

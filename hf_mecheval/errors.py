@@ -2,4 +2,9 @@
 ``models/errors.py``, so that the models package stands alone as a checkpoint's remote code)."""
 from .models.errors import ConfigError, MechEvalError, shorten_values
 
-__all__ = ["ConfigError", "MechEvalError", "shorten_values"]
+__all__ = ["ConfigError", "MechEvalError", "shorten_values", "some_of"]
+
+
+def some_of(names: list[str], shown: int = 3) -> str:
+    """The first ``shown`` names, and how many more there are: for an error that lists what it found."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")

@@ -332,22 +332,23 @@ def _check_shape_size(root, children, source: str) -> None:
     size: dict[int, int] = {}
     height: dict[int, int] = {}
     open_ = {id(root)}
-    stack = [(root, iter(children(root)))]
+    first = children(root)
+    stack = [(root, first, iter(first))]      # (node, its children, those not yet visited)
     while stack:
-        node, pending = stack[-1]
+        node, kids, pending = stack[-1]
         child = next(pending, _END)
         if child is not _END:
             if id(child) in open_:
                 raise MechEvalError(f"{source}: a recursive alias (a value that contains itself)")
             if id(child) not in size:
                 open_.add(id(child))
-                stack.append((child, iter(children(child))))
+                grandchildren = children(child)
+                stack.append((child, grandchildren, iter(grandchildren)))
                 if len(stack) > MAX_NESTING:
                     raise MechEvalError(f"{source}: nested more than {MAX_NESTING} levels deep")
             continue
         stack.pop()
         open_.discard(id(node))
-        kids = children(node)
         size[id(node)] = 1 + sum(size[id(c)] for c in kids)
         height[id(node)] = 1 + max((height[id(c)] for c in kids), default=0)
         if size[id(node)] > MAX_INPUT_VALUES:

@@ -9,12 +9,11 @@ import pytest
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.training.run import main as train
+from hostile_inputs import BOMB
 
 TINY = ["--task", "ar_32", "--task_config", '{"num_kv": 16, "num_pairs": 2}', "--architecture", "transformer",
         "--hidden_size", "16", "--max_position_embeddings", "16", "--train_size", "16", "--eval_size", "8",
         "--max_steps", "1", "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true"]
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
 
 
 def variants(text: str, yaml: bool) -> dict[str, str]:
@@ -61,13 +60,14 @@ def test_a_damaged_run_file_is_one_line_for_report_and_evaluate(run_dir, tmp_pat
     assert files_below(tmp_path) == before
 
 
-@pytest.mark.parametrize("suffix", [".yaml", ".json"])
-@pytest.mark.parametrize("variant", ["truncated", "wrong type", "null", "huge", "empty", "anchor bomb"])
+PLAIN = ["truncated", "wrong type", "null", "huge", "empty"]
+
+
+@pytest.mark.parametrize("suffix, variant", [(".yaml", v) for v in [*PLAIN, "anchor bomb"]]
+                         + [(".json", v) for v in PLAIN])      # JSON has no aliases
 def test_a_damaged_run_config_is_one_line(tmp_path, capsys, suffix, variant):
     good = {"task": "ar_32", "hidden_size": 16, "max_steps": 1}
     text = json.dumps(good) if suffix == ".json" else "task: ar_32\nhidden_size: 16\nmax_steps: 1\n"
-    if variant == "anchor bomb" and suffix == ".json":
-        pytest.skip("JSON has no aliases")
     path = tmp_path / f"run{suffix}"
     path.write_text(variants(text, yaml=suffix == ".yaml")[variant])
     refused(train([str(path), "--output_dir", str(tmp_path / "out")]), capsys, str(path))

@@ -52,6 +52,14 @@ def build_model(architecture: str, **config_fields) -> MechEvalForCausalLM:
     return lm_cls(config_cls(**config_fields))
 
 
+def non_finite_parameters(model) -> list[str]:
+    """The names of ``model``'s parameters that hold NaN or infinity (a diverged model)."""
+    import torch
+
+    with torch.no_grad():
+        return [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+
+
 _PARAMETER_COUNTS: dict[tuple, int] = {}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import MechEvalError
+from ..errors import MechEvalError, some_of
 from ..io_utils import locked_folder, read_json, writable_folder, write_text_atomic
 from ..resources import check_memory
 from ..tasks.presets import get_preset, task_from_dict
@@ -56,7 +56,7 @@ def _load_model(run_dir: Path):
     from transformers.utils import logging as hf_logging
 
     import hf_mecheval  # noqa: F401  (registers the model types)
-    from hf_mecheval.models import require_checkpoint_architecture
+    from hf_mecheval.models import non_finite_parameters, require_checkpoint_architecture
 
     weights = run_dir / "model.safetensors"
     verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -64,10 +64,10 @@ def _load_model(run_dir: Path):
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     require_checkpoint_architecture(run_dir)          # a plug-in's model type: loads it, or names it
-    _check_model_fits(run_dir)
+    config = _config_that_fits(run_dir)
     try:
         # mismatched shapes are loaded as fresh weights and listed, so they can be named here
-        model, info = AutoModelForCausalLM.from_pretrained(run_dir, output_loading_info=True,
+        model, info = AutoModelForCausalLM.from_pretrained(run_dir, config=config, output_loading_info=True,
                                                            ignore_mismatched_sizes=True)
     except SafetensorError as exc:
         raise MechEvalError(f"{weights} is damaged (truncated or not a safetensors file): {exc}") from None
@@ -91,21 +91,17 @@ def _load_model(run_dir: Path):
     wrong += [f"{m[0]} ({_shape(m[1])} in the file, {_shape(m[2])} in config.json)" if isinstance(m, tuple)
               else f"{m} (another shape)" for m in sorted(info["mismatched_keys"], key=str)]
     if wrong:
-        more = f" and {len(wrong) - 2} more" if len(wrong) > 2 else ""
-        raise MechEvalError(f"{weights} does not match {run_dir / 'config.json'}: {', '.join(wrong[:2])}{more}")
-    import torch
-
-    with torch.no_grad():
-        broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        raise MechEvalError(f"{weights} does not match {run_dir / 'config.json'}: {some_of(wrong, 2)}")
+    broken = non_finite_parameters(model)
     if broken:       # a diverged model: every prediction is garbage, and so would the grid be
-        raise MechEvalError(f"{weights} holds NaN or infinite weights ({broken[0]}"
-                            f"{f' and {len(broken) - 1} more' if len(broken) > 1 else ''}): the model diverged")
+        raise MechEvalError(f"{weights} holds NaN or infinite weights ({some_of(broken, 1)}): the model diverged")
     return model
 
 
-def _check_model_fits(run_dir: Path) -> None:
-    """config.json is an object naming a model type, and the model it describes fits in memory:
-    counted before it is built (a config edited to 10^6 layers would otherwise be built first)."""
+def _config_that_fits(run_dir: Path):
+    """The model's configuration, once config.json is found to be an object naming a model type
+    and the model it describes to fit in memory: counted before it is built (a config edited to
+    10^6 layers would otherwise be built first)."""
     from transformers import AutoConfig
 
     from ..adapters.native_config import count_native_parameters
@@ -119,6 +115,7 @@ def _check_model_fits(run_dir: Path) -> None:
         raise MechEvalError(f"cannot read the model configuration in {run_dir}: {(str(exc).splitlines() or [''])[0]}") \
             from None
     check_memory(f"the model in {run_dir} ({params:,} parameters)", {"weights and a forward's activations": 8 * params})
+    return config
 
 
 def _shape(size) -> str:
@@ -145,14 +142,15 @@ def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 32
     target = out / "interventions.json"
     if target.exists() and not overwrite:
         raise MechEvalError(f"{target} already exists; pass --overwrite to replace it")
-    if out.resolve() != own.resolve():      # a folder of the user's: only files we wrote there are replaced
+    into_run = out.resolve() == own.resolve()
+    if not into_run:      # a folder of the user's: only files we wrote there are replaced
         claim_output_folder(out, overwrite)
     with locked_folder(run_dir):        # it also writes the run's model card: one writer at a time
         # the grid's files go into the run's manifest when they land in the run's folder
-        with recording(run_dir if out.resolve() == own.resolve() else out):
+        with recording(run_dir if into_run else out):
             result = _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples,
                                progress)
-        if out.resolve() == own.resolve():
+        if into_run:
             write_model_card(run_dir)      # the card now carries the restoration scores and the label
         # a grid written elsewhere (--out) leaves the run directory as it was
         return result

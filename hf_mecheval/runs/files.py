@@ -98,17 +98,12 @@ class GridSettings:
 
     @staticmethod
     def from_flags(flags) -> "GridSettings":
-        """The settings of ``mecheval evaluate`` flags (those of ``flags()``, and --batch-size,
-        which does not change the result); anything else is a programming error."""
+        """The settings of ``mecheval evaluate`` flags (``add_grid_arguments``'; --batch-size does
+        not change the result); anything else is a programming error."""
         import argparse
 
         parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-        parser.add_argument("-n", type=int, default=320)
-        parser.add_argument("--split", default="test")
-        parser.add_argument("--seed", type=int)
-        parser.add_argument("--sites", nargs="+")
-        parser.add_argument("--resamples", type=int, default=1000)
-        parser.add_argument("--batch-size", type=int)
+        add_grid_arguments(parser)
         args = parser.parse_args(list(flags))
         return GridSettings(args.n, args.split, args.seed, tuple(args.sites) if args.sites else None, args.resamples)
 
@@ -124,3 +119,16 @@ class GridSettings:
         made = grid.get("settings") or {"n": grid.get("examples"), "split": grid.get("run", {}).get("split"),
                                         "seed": grid.get("run", {}).get("dataset_seed")}
         return all(wanted.get(key) == value for key, value in made.items())
+
+
+def add_grid_arguments(parser, positive_int=int, non_negative_int=int, splits=None) -> None:
+    """``mecheval evaluate``'s flags that choose the grid (the command line passes its checking
+    types and the splits; ``GridSettings.from_flags`` reads the same flags back)."""
+    parser.add_argument("-n", type=positive_int, default=GridSettings.n, help=f"documents (default {GridSettings.n})")
+    parser.add_argument("--split", choices=splits, default=GridSettings.split,
+                        help=f"split (default {GridSettings.split})")
+    parser.add_argument("--seed", type=non_negative_int, help="data seed (default: the run's)")
+    parser.add_argument("--sites", nargs="+", help="only these sites (default: all; see model.site_names())")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="documents per batch")
+    parser.add_argument("--resamples", type=non_negative_int, default=GridSettings.resamples,
+                        help="bootstrap resamples")

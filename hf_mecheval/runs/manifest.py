@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import MechEvalError
+from ..errors import MechEvalError, some_of
 from ..io_utils import is_temporary, write_text_atomic
 
 MANIFEST = ".mecheval-written.json"
@@ -46,6 +46,12 @@ def written(folder: str | os.PathLike) -> set[str] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return set()           # a damaged manifest vouches for nothing: every file counts as a person's
     return {f for f in listed if isinstance(f, str)}
+
+
+def unlisted(folder: Path, ours: set[str], below: str = "") -> list[str]:
+    """The files below ``folder`` (only those under the relative path prefix ``below``, when
+    given) that ``ours`` does not list: a person's, sorted."""
+    return sorted(path for path in files_under(folder) if path.startswith(below) and path not in ours)
 
 
 def add_written(folder: str | os.PathLike, paths: Iterable[str | os.PathLike]) -> None:
@@ -103,9 +109,7 @@ def claim_output_folder(out: Path, overwrite: bool, flag: str = "--overwrite") -
     ``overwrite``: a report or a grid would replace a person's file of the same name."""
     if not out.is_dir() or overwrite:
         return
-    ours = written(out) or set()
-    foreign = sorted(path for path in files_under(out) if path not in ours)
+    foreign = unlisted(out, written(out) or set())
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise MechEvalError(f"{out} holds files hf-mecheval did not write there ({shown}); choose another folder, "
-                            f"or pass {flag} to write beside them (files of the same name are replaced)")
+        raise MechEvalError(f"{out} holds files hf-mecheval did not write there ({some_of(foreign)}); choose another "
+                            f"folder, or pass {flag} to write beside them (files of the same name are replaced)")

@@ -24,10 +24,10 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import MechEvalError
+from ..errors import MechEvalError, some_of
 from ..io_utils import is_temporary, read_json, write_text_atomic
 from .files import METRICS, RUN_RECORD, GridSettings, read_interventions
-from .manifest import add_written, files_under, remove_written, remove_written_below, written
+from .manifest import add_written, remove_written, remove_written_below, unlisted, written
 
 # every name a run (or a stacked run's directory) writes; checkpoints and temporaries by pattern
 RUN_FILES = {"command.txt", "run.json", "config.json", "generation_config.json", "model.safetensors",
@@ -77,7 +77,7 @@ def check_replaceable(folder: str | os.PathLike, flag: str = "--overwrite") -> N
     entries = list(folder.iterdir())
     ours = written(folder)
     if ours is not None:           # the manifest: every file below the folder must be one the run wrote
-        foreign = sorted(path for path in files_under(folder) if path not in ours)
+        foreign = unlisted(folder, ours)
     else:                          # a run from before the manifest: judged by the names a run writes
         foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in entries if not _written_by_a_run(p))
         for sub in entries:        # and in its checkpoints and grid, the files a run writes there
@@ -86,8 +86,8 @@ def check_replaceable(folder: str | os.PathLike, flag: str = "--overwrite") -> N
     marked = any((folder / m).is_file() for m in MARKS)
     real = [p for p in entries if not is_temporary(p.name)]
     if foreign or (real and not marked):
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        why = f"it holds {shown}, which no run writes" if foreign else "it is not a run directory (no command.txt or run.json)"
+        why = (f"it holds {some_of(foreign)}, which no run writes" if foreign
+               else "it is not a run directory (no command.txt or run.json)")
         raise MechEvalError(f"{flag} replaces only a run directory, and {folder} is not one: {why}; move "
                             "those files or choose another folder")
 
@@ -112,11 +112,10 @@ def remove_run_subfolder(folder: Path, sub: Path) -> None:
         shutil.rmtree(sub)
         return
     prefix = sub.relative_to(folder).as_posix() + "/"
-    below = {path for path in files_under(folder) if path.startswith(prefix)}
-    foreign = sorted(below - ours)
+    foreign = unlisted(folder, ours, below=prefix)
     if foreign:
         raise MechEvalError(f"{sub} holds {foreign[0]}, which the run did not write; move it before --resume")
-    remove_written_below(folder, below)
+    remove_written_below(folder, {path for path in ours if path.startswith(prefix)})
 
 
 def clear_run_dir(folder: str | os.PathLike, flag: str = "--overwrite") -> None:

@@ -83,8 +83,8 @@ def materialize(
         try:
             stage.mkdir()
             write_text_atomic(stage / STAGE_MARK, json.dumps({"role": "stage"}) + "\n")
-            for kept in _preset_folders(folder):
-                if kept.name not in tasks:         # published earlier and not now: kept as it is
+            for kept in sorted(folder.iterdir()):
+                if _is_preset_folder(kept) and kept.name not in tasks:   # published earlier, not now: kept as it is
                     _link_copy(kept, stage / kept.name)
             for name, task in tasks.items():
                 (stage / name).mkdir()
@@ -114,20 +114,18 @@ STAGE_MARK = ".mecheval-publish.json"       # in a staged folder: which role the
 def _check_publish_folder(folder: Path) -> None:
     """The dataset folder holds only what publish writes (the card, preset folders, its
     temporaries): it is replaced as a whole."""
-    from .presets import PRESETS
-
     foreign = sorted(p.name for p in folder.iterdir()
                      if not (p.name in ("README.md", STAGE_MARK) and p.is_file()) and not is_temporary(p.name)
-                     and not (p.name in PRESETS and p.is_dir() and not p.is_symlink()))
+                     and not _is_preset_folder(p))
     if foreign:
         raise MechEvalError(f"{folder} holds {', '.join(foreign[:3])}, which mecheval data publish does not write; "
                             "publish into a folder of its own")
 
 
-def _preset_folders(folder: Path) -> list[Path]:
+def _is_preset_folder(path: Path) -> bool:
     from .presets import PRESETS
 
-    return sorted(p for p in folder.iterdir() if p.name in PRESETS and p.is_dir() and not p.is_symlink())
+    return path.name in PRESETS and path.is_dir() and not path.is_symlink()
 
 
 def _link_copy(source: Path, target: Path) -> None:

@@ -40,7 +40,9 @@ def _parser() -> HfArgumentParser:
                     "[--resume | --overwrite]; see hf_mecheval/training/stacked.py.")
 
 
-def _numeric_fields() -> set[str]:
+@functools.cache
+def _numeric_fields() -> frozenset[str]:
+    """The arguments whose values are numbers (read once: ``parse`` runs for every run of a sweep)."""
     from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments
 
     hints = {}
@@ -51,7 +53,7 @@ def _numeric_fields() -> set[str]:
         options = typing.get_args(hint) or (hint,)
         if any(o in (int, float) for o in options):
             numeric.add(name)
-    return numeric
+    return frozenset(numeric)
 
 
 # TrainingArguments flags whose value may name a JSON file, which it opens while it is built

@@ -290,28 +290,33 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     check_existing_runs(runs, runs_dir)
     # a grid is made again where the run's was made with other settings (fewer documents, one site)
     grid = GridSettings.from_flags(evaluate) if evaluate is not None else None
-    todo = [r for r in runs if not RunDir(runs_dir / r.name).finished
-            or (grid is not None and not RunDir(runs_dir / r.name).failure
-                and not RunDir(runs_dir / r.name).grid_matches(grid))]
-    skipped = [r.name for r in runs if r not in todo]
+
+    def to_do(run: Run) -> bool:
+        folder = RunDir(runs_dir / run.name)
+        return not folder.finished or (grid is not None and not folder.failure and not folder.grid_matches(grid))
+
+    todo = [r for r in runs if to_do(r)]
+    outcome = {"finished": [], "skipped": [r.name for r in runs if r not in todo], "in_use": [], "failed": []}
     jobs = plan_jobs(todo, runs_dir, stack)
     if progress and jobs:
         print(f"{len(jobs)} jobs, {workers} at a time with {threads} thread(s) each", file=sys.stderr)
-    results = run_jobs(launcher, jobs, runs_dir, threads, devices, progress, evaluate)
-    ended = [(name, r) for r in results for name in r["runs"]]
-    finished = [name for name, _ in ended if RunDir(runs_dir / name).finished and not RunDir(runs_dir / name).failure]
-    in_use = [name for name, r in ended if not RunDir(runs_dir / name).finished and r.get("in_use")]
-    # a run that diverged or trained zero steps is finished (not retrained: it would fail again) but failed
-    failed = [f"{name} ({RunDir(runs_dir / name).failure}; log {r['log']})" if RunDir(runs_dir / name).finished
-              else f"{name} (exit {r['returncode']}, log {r['log']})"
-              for name, r in ended if name not in finished and name not in in_use]
-    # trained, but the grid asked for failed: the run is kept (the next sweep makes only the grid)
-    no_grid = [(name, r) for name, r in ended if name in finished and grid is not None
-               and not RunDir(runs_dir / name).grid_matches(grid)]
-    failed += [f"{name} (trained; its intervention grid failed: exit {r['returncode']}, log {r['log']})"
-               for name, r in no_grid]
-    finished = [name for name in finished if name not in {n for n, _ in no_grid}]
-    return {"finished": finished, "skipped": skipped, "in_use": in_use, "failed": failed}
+    for result in run_jobs(launcher, jobs, runs_dir, threads, devices, progress, evaluate):
+        for name in result["runs"]:
+            folder = RunDir(runs_dir / name)
+            failure = folder.failure
+            if not folder.finished:
+                key, text = ("in_use", name) if result.get("in_use") else \
+                    ("failed", f"{name} (exit {result['returncode']}, log {result['log']})")
+            elif failure:   # diverged or trained zero steps: finished (not retrained: it would fail again) but failed
+                key, text = "failed", f"{name} ({failure}; log {result['log']})"
+            elif grid is not None and not folder.grid_matches(grid):
+                # trained, but the grid asked for failed: the run is kept (the next sweep makes only the grid)
+                key, text = "failed", (f"{name} (trained; its intervention grid failed: exit {result['returncode']}, "
+                                       f"log {result['log']})")
+            else:
+                key, text = "finished", name
+            outcome[key].append(text)
+    return outcome
 
 
 def check_existing_runs(runs: list[Run], runs_dir: Path) -> None:

@@ -19,7 +19,7 @@ from transformers import Trainer, set_seed
 from ..adapters.native_config import build_native_model, is_native
 from ..errors import MechEvalError
 from ..io_utils import give_new_file_mode
-from ..models import build_model
+from ..models import build_model, non_finite_parameters
 from ..runs import RunDir
 from ..runs.manifest import recording
 from ..runs.model_card import write_model_card
@@ -210,9 +210,8 @@ def run_failure(model: torch.nn.Module, final: dict) -> str | None:
         return "it trained zero steps"
     if "diverged_at_step" in final:
         return f"it diverged: non-finite gradients from step {final['diverged_at_step']}"
-    with torch.no_grad():
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-            return "it diverged: its weights hold NaN or infinity"
+    if non_finite_parameters(model):
+        return "it diverged: its weights hold NaN or infinity"
     losses = [final[k] for k in ("validation_loss", "test_loss") if isinstance(final.get(k), float)]
     if not all(math.isfinite(v) for v in losses):
         return "it diverged: its final loss is NaN or infinite"

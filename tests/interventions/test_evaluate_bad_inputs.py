@@ -180,7 +180,9 @@ def test_a_grid_beyond_memory_is_one_clear_error(run_dir, tmp_path, capsys, monk
     monkeypatch.setattr("hf_mecheval.resources.memory_limit", lambda: memory.peak)
     # the model's own size is checked first, against the same memory: at this size it is the grid
     # that must be refused, so that check is left out here (it has its own test)
-    monkeypatch.setattr("hf_mecheval.reports.evaluate_run._check_model_fits", lambda run_dir: None)
+    from transformers import AutoConfig
+
+    monkeypatch.setattr("hf_mecheval.reports.evaluate_run._config_that_fits", AutoConfig.from_pretrained)
     out = tmp_path / "out"
     assert mecheval(["evaluate", str(run_dir), "-n", "8", "--resamples", "10", "--out", str(out)]) == 2
     line = one_error(capsys)

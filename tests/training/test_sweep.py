@@ -457,7 +457,7 @@ def test_the_earlier_reference_sweeps_still_ask_for_their_committed_runs(sweep, 
 
 
 def test_a_sweep_file_anchor_bomb_is_refused_before_it_is_walked(tmp_path):
-    from test_training import BOMB
+    from hostile_inputs import BOMB
 
     path = tmp_path / "bomb.yaml"
     path.write_text("name: bomb\ntask: ar_32\n" + BOMB.replace("a:", "x_a:", 1).replace("\nb:", "\nx_b:"))

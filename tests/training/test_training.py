@@ -18,6 +18,7 @@ import hf_mecheval  # noqa: F401
 from hf_mecheval.errors import MechEvalError
 from hf_mecheval.training.command_line import parse
 from hf_mecheval.training.run import main, train
+from hostile_inputs import BOMB
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_AR = ["--task", "ar_32", "--task_config", '{"num_kv": 16, "num_pairs": 2}', "--architecture", "transformer",
@@ -451,10 +452,6 @@ def test_run_failure_names_zero_steps_and_non_finite_weights():
     with torch.no_grad():
         model.bias[1] = float("nan")
     assert run_failure(model, fine) == "it diverged: its weights hold NaN or infinity"
-
-
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
 
 
 @pytest.mark.parametrize("name, content, message", [
