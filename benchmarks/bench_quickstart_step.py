@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from hf_mecheval.models import model_classes
-from hf_mecheval.reports.quickstart import MODELS, SETTING
+from hf_mecheval.reports.quickstart import PLAN
 from hf_mecheval.tasks import build_task
 
 from bench_models import batches      # run from benchmarks/ (as python benchmarks/bench_quickstart_step.py)
@@ -49,14 +49,16 @@ def load_models_package(folder: str, name: str = "baseline_models"):
 
 def quickstart_batches(n: int):
     """(vocabulary size, n batches of 32) of the quickstart's task (``bench_models.batches``)."""
-    task = build_task(SETTING["task"], **SETTING["task_config"])
+    task = build_task(PLAN.setting["task"], **PLAN.setting["task_config"])
     return task.vocab_size, batches(n, task)
 
 
 def config_fields(name: str) -> tuple[str, dict]:
-    arch, extra = next((a, e) for n, a, e in MODELS if n == name)
-    return arch, {"hidden_size": SETTING["hidden_size"], "num_hidden_layers": SETTING["num_hidden_layers"],
-                  "kernels": "torch", **extra}
+    model = PLAN.models[name]
+    extra = {**model.get("model_config", {}),
+             **({"max_position_embeddings": model["max_position_embeddings"]} if "max_position_embeddings" in model else {})}
+    return model["architecture"], {"hidden_size": PLAN.setting["hidden_size"],
+                                   "num_hidden_layers": PLAN.setting["num_hidden_layers"], "kernels": "torch", **extra}
 
 
 def build(classes, name: str, vocab: int, state=None):

@@ -64,7 +64,9 @@ def _preset_names() -> list[str]:
 def _data_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .io_utils import locked_file, refuse_special_file, write_parquet_atomic
+    from .atomic_files import refuse_special_file, write_parquet_atomic
+
+    from .locks import locked_file
     from .tasks.presets import build_task
 
     overrides = _grammar_override(args.preset, args.grammar_seed)
@@ -143,13 +145,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from .training.command_line import values_as_flags
     from .training.sweep import Sweep, format_table, launch, results_table, collect, write_results
 
     sweep = Sweep.load(args.file)
     if args.dry_run:
         runs = sweep.select(args.only)
         for run in runs:
-            print(run.name, " ".join(run.flags()))
+            print(run.name, " ".join(values_as_flags(run.args)))
         print(f"{len(runs)} runs")
         return 0
     outcome = launch(sweep, args.out, launcher=args.launcher, workers=args.workers, stack=args.stack,
@@ -297,8 +300,21 @@ class _Parser(argparse.ArgumentParser):
         super().error(shorten_values(message))
 
 
+def _grid_arguments(parser: argparse.ArgumentParser) -> None:
+    """``mecheval evaluate``'s flags that choose the grid (their defaults: ``GridSettings``')."""
+    from .runs.files import GridSettings
+    from .tasks.seeding import SPLITS
+
+    parser.add_argument("-n", type=_positive_int, default=GridSettings.n, help=f"documents (default {GridSettings.n})")
+    parser.add_argument("--split", choices=SPLITS, default=GridSettings.split, help=f"split (default {GridSettings.split})")
+    parser.add_argument("--seed", type=_non_negative_int, help="data seed (default: the run's)")
+    parser.add_argument("--sites", nargs="+", help="only these sites (default: all; see model.site_names())")
+    parser.add_argument("--batch-size", type=_positive_int, default=64, help="documents per batch")
+    parser.add_argument("--resamples", type=_non_negative_int, default=GridSettings.resamples,
+                        help="bootstrap resamples")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .runs.files import add_grid_arguments
     from .tasks.seeding import SPLITS
 
     presets = _preset_names()
@@ -376,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "heatmaps and bar plots, and the mechanism label.")
     ev.add_argument("run_dir", help="a finished run directory (from mecheval train)")
     ev.add_argument("--out", help="output folder (default RUN_DIR/interventions)")
-    add_grid_arguments(ev, _positive_int, _non_negative_int, SPLITS)
+    _grid_arguments(ev)
     ev.add_argument("--overwrite", action="store_true", help="replace existing results")
     ev.set_defaults(func=_evaluate)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from .errors import MechEvalError
-from .io_utils import TEMPORARY_PATTERNS
+from .atomic_files import TEMPORARY_PATTERNS
 
 
 def first_line(exc: Exception) -> str:

@@ -1,13 +1,14 @@
-"""One job of a sweep (or of the quickstart) in one process: train a run or a stack of runs, then
-the intervention grid on each of its runs that has finished and has none yet.
+"""One job of a sweep (or of the quickstart) in one process: train the runs of a job file (one run,
+or a stack), then make the intervention grid the file asks for on each of them that has finished
+and has none with those settings.
 
-    python -m hf_mecheval.sweep_job [--train TRAINING_FLAGS...] --evaluate RUN_DIR... -- [EVALUATE_FLAGS...]
+    python -m hf_mecheval.sweep_job JOB.json [--resume | --overwrite]
 
-Training and the grid used to be two processes per run; each pays ~8 s here to import torch
-and transformers, as much as a short run's grid itself. The run is exactly what ``python -m
-hf_mecheval.training.run TRAINING_FLAGS`` makes (and command.txt says so), and the grid what
-``mecheval evaluate RUN_DIR EVALUATE_FLAGS`` writes: the grid draws from its own seeded
-generators, not from state training leaves behind.
+The job file is ``training/jobs.py``'s. Training and the grid used to be two processes per run;
+each pays ~8 s here to import torch and transformers, as much as a short run's grid itself. The
+runs are exactly what ``python -m hf_mecheval.training.run --job JOB.json`` makes, and each grid
+what ``mecheval evaluate RUN_DIR`` writes with the same settings: the grid draws from its own
+seeded generators, not from state training leaves behind.
 """
 from __future__ import annotations
 
@@ -16,55 +17,50 @@ from collections.abc import Sequence
 
 from .children import follow_parent
 
-USAGE = "python -m hf_mecheval.sweep_job [--train FLAGS...] [--evaluate RUN_DIR...] [-- EVALUATE_FLAGS...]"
-
-
-def split_arguments(argv: Sequence[str]) -> tuple[list[str] | None, list[str], list[str]]:
-    """(training flags or None, run directories to evaluate, evaluate flags) from ``argv``:
-    everything after ``--train`` up to ``--evaluate`` is the training's; the run directories
-    follow ``--evaluate``, and the evaluation's own flags come after ``--``."""
-    argv = list(argv)
-    grid_flags: list[str] = []
-    if "--" in argv:
-        at = argv.index("--")
-        argv, grid_flags = argv[:at], argv[at + 1:]
-    train, run_dirs = None, []
-    if "--evaluate" in argv:
-        at = argv.index("--evaluate")
-        argv, run_dirs = argv[:at], argv[at + 1:]
-    if argv[:1] == ["--train"]:
-        train, argv = argv[1:], []
-    if argv:
-        raise ValueError(f"unexpected {argv[0]!r}")
-    return train, run_dirs, grid_flags
+USAGE = "python -m hf_mecheval.sweep_job JOB.json [--resume | --overwrite]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .cli import main as cli_main
+    from .errors import MechEvalError
+    from .reports.evaluate_run import evaluate_run
     from .runs import RunDir
-    from .runs.files import GridSettings
-    from .training.run import main as train_main
+    from .runs.files import format_score, last_layer_summary
+    from .training.run import job_arguments, train_job_file, training_command
 
     follow_parent()              # started by a sweep: stop with it
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        train, run_dirs, grid_flags = split_arguments(sys.argv[1:] if argv is None else argv)
-    except ValueError as exc:
+        job, restart = job_arguments(["--job", *argv])
+    except MechEvalError as exc:
         print(f"sweep_job: error: {exc}; usage: {USAGE}", file=sys.stderr)
         return 2
     returncode = 0
-    if train is not None:
-        returncode = train_main(train, prog="python -m hf_mecheval.training.run")
-    settings = GridSettings.from_flags(grid_flags)
-    for run_dir in run_dirs:
-        run = RunDir(run_dir)
+    if not all(RunDir(spec.output_dir).finished for _, spec in job.runs):
+        # errors and exit codes as `python -m hf_mecheval.training.run --job JOB.json` has them
+        returncode = training_command(lambda: train_job_file(job, restart))
+    if job.grid is None:
+        return returncode
+    for _, spec in job.runs:
+        run = RunDir(spec.output_dir)
         # a grid on every finished run that did not fail (in a stack, one copy may diverge), made
         # again where the run has one made with other settings
-        if run.finished and not run.failure and not run.grid_matches(settings):
-            again = ["--overwrite"] if run.evaluated else []
-            print(f"=== mecheval evaluate {run_dir} {' '.join(grid_flags + again)}", flush=True)
-            returncode = cli_main(["evaluate", run_dir, *grid_flags, *again]) or returncode
-            if returncode and train is None:     # a grid that failed: the next would too
-                break
+        if not run.finished or run.failure or run.grid_matches(job.grid):
+            continue
+        print(f"=== mecheval evaluate {spec.output_dir} {' '.join(job.grid.flags())}"
+              f"{' --overwrite' if run.evaluated else ''}", flush=True)
+        try:
+            grid = job.grid
+            result = evaluate_run(spec.output_dir, n=grid.n, split=grid.split, seed=grid.seed,
+                                  sites=list(grid.sites) if grid.sites else None, n_resamples=grid.resamples,
+                                  overwrite=run.evaluated)
+        except (MechEvalError, OSError) as exc:
+            print(f"mecheval evaluate: error: {exc}", file=sys.stderr)
+            returncode = returncode or 2
+            continue
+        row = last_layer_summary(result)
+        print(f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {format_score(row['@key'])} "
+              f"@value {format_score(row['@value'])} @query {format_score(row['@query'])} -> {row['mechanism']}",
+              flush=True)
     return returncode
 
 

@@ -84,12 +84,12 @@ def test_a_damaged_sweep_file_is_one_line(tmp_path, capsys, variant):
 
 
 @pytest.mark.parametrize("variant", ["truncated", "wrong type", "null", "huge", "empty"])
-def test_a_damaged_stack_file_is_one_line(tmp_path, capsys, variant):
-    text = json.dumps({"output_dir": str(tmp_path / "stack"),
+def test_a_damaged_job_file_is_one_line(tmp_path, capsys, variant):
+    text = json.dumps({"stack_dir": str(tmp_path / "stack"),
                        "runs": [{"name": "a", "output_dir": str(tmp_path / "a"), "args": {"task": "ar_32"}}]})
     path = tmp_path / "s.json"
     path.write_text(variants(text, yaml=False)[variant])
-    code = train(["--stack", str(path)])
+    code = train(["--job", str(path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err[-3:]
     assert not (tmp_path / "stack").exists() and not (tmp_path / "a").exists()

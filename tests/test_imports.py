@@ -77,3 +77,38 @@ def test_layers_import_only_downwards():
              for layer, above in forbidden.items()
              if name.startswith(layer + ".") and target.startswith(above)]
     assert not wrong, wrong
+
+
+def names_used(path: Path) -> set[str]:
+    """Every module imported and every ``a.b`` attribute read in ``path`` (``sys.argv``), and every
+    name imported from a module (``values_as_flags``)."""
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            used |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            used |= {node.module or ""} | {a.name for a in node.names}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            used.add(f"{node.value.id}.{node.attr}")
+    return used
+
+
+def test_only_the_command_line_modules_know_the_command_line():
+    # flags are read in cli.py (mecheval's commands) and training/command_line.py (a run's
+    # arguments); a process's own argv only by the entry points of processes we start
+    known = modules()
+    parsers = {name for name, path in known.items() if {"argparse", "HfArgumentParser"} & names_used(path)}
+    assert parsers == {"hf_mecheval.cli", "hf_mecheval.training.command_line"}
+    argv = {name for name, path in known.items() if "sys.argv" in names_used(path)}
+    assert argv == {"hf_mecheval.cli", "hf_mecheval.training.command_line", "hf_mecheval.training.run",
+                    "hf_mecheval.sweep_job", "hf_mecheval.training.launchers"}
+
+
+def test_processes_hand_each_other_runs_as_job_files_not_flags():
+    # a run's values become flags only to be read (command_line.parse), to be shown (a dry run's
+    # listing, command.txt), never to start a process: a job file carries them (training/jobs.py)
+    known = modules()
+    users = {name for name, path in known.items() if "values_as_flags" in names_used(path)}
+    assert users == {"hf_mecheval.cli", "hf_mecheval.training.run"}
+    jobs = (ROOT / "training" / "jobs.py").read_text()
+    assert '"--job", str(job_file)' in jobs and "values_as_flags" not in jobs

@@ -13,7 +13,7 @@ import pytest
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import MechEvalError
-from hf_mecheval.io_utils import atomic_path, write_text_atomic
+from hf_mecheval.atomic_files import atomic_path, write_text_atomic
 from hf_mecheval.tasks import TaskData, build_task
 from hf_mecheval.tasks.publish import materialize, push_to_hub
 
@@ -119,7 +119,7 @@ def test_publish_never_replaces_a_preset_folder_with_other_files(tmp_path):
 
 
 def test_publish_is_refused_while_another_writes_the_folder(tmp_path):
-    from hf_mecheval.io_utils import locked_folder
+    from hf_mecheval.locks import locked_folder
 
     with locked_folder(tmp_path / "pub"):
         pid = os.fork()

@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 
 from ..errors import MechEvalError, some_of
-from ..io_utils import locked_folder, read_json, writable_folder, write_text_atomic
+from ..atomic_files import writable_folder, write_text_atomic
+from ..inputs import read_json
+from ..locks import locked_folder
 from ..resources import check_memory
 from ..tasks.presets import get_preset, task_from_dict
 from . import plots

@@ -7,79 +7,73 @@ reproduces and which it does not, with the figures. Runs that already finished a
 an interrupted quickstart continues where it stopped — only if they were trained with the
 arguments asked for now: a ``--tiny`` folder is refused for the full quickstart, naming what differs.
 
-The reduced setting (``SETTING``): AR with 32 keys and 32 values (``num_kv`` 64), 4 pairs per
-document (13 tokens), 2 layers of width 64, 24 000 training documents, reference recipe
-otherwise but for its initialisation and clipping (every linear weight N(0, 0.02), clipping at 1.0:
-the rule it was calibrated under); learning rate and epochs per architecture from ``LEARNING_RATES`` / ``EPOCHS``
-(chosen on validation accuracy in calibration runs, see there); H3 with state size 64 instead of
-1024 (its kernel costs O(d_state) per channel and position). Interventions on 256 test documents.
+The experiment itself is data: ``hf_mecheval/experiments/quickstart.yaml`` (``QuickstartPlan``)
+holds the reduced setting (AR with 32 keys and 32 values, 4 pairs per document, 2 layers of width
+64, 24 000 training documents, the rule it was calibrated under), each model's learning rate and
+epochs with the calibration behind them, and the intervention grid (256 test documents).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
-from ..errors import MechEvalError
-from ..io_utils import write_text_atomic
-from ..runs.files import format_score
+from ..errors import ConfigError, MechEvalError
+from ..experiments import read_experiment
+from ..atomic_files import write_text_atomic
+from ..runs.files import GridSettings, format_score
 from .report import collect_runs, markdown_table, write_report
 
-# The quickstart's rates and epochs were calibrated under hf-mecheval's earlier rule (every linear
-# weight N(0, 0.02), gradients clipped at 1.0, Hyena's and BaseConv's first long convolutions), so it keeps that rule (its figures in the README
-# hold for it) until it is calibrated again under the reference's initialisation and no clipping.
-SETTING = {"task": "ar_32", "task_config": {"num_kv": 64, "num_pairs": 4}, "train_size": 24000, "eval_size": 256,
-           "hidden_size": 64, "num_hidden_layers": 2, "init_scheme": "normal", "mixer_forms": "mecheval-v1",
-           "max_grad_norm": 1.0}
-TINY = {"task": "ar_32", "task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 256, "eval_size": 32,
-        "max_steps": 20, "hidden_size": 16, "num_hidden_layers": 2}
-
-# (run name, architecture, extra model config)
-MODELS = [
-    ("transformer", "transformer", {"max_position_embeddings": 32}),
-    ("based", "based", {}),
-    ("mamba_conv4", "mamba", {"conv_kernel": 4}),
-    ("mamba_conv0", "mamba", {"conv_kernel": 0}),
-    ("hyena", "hyena", {}),
-    ("h3", "h3", {"d_state": 64}),
-    ("baseconv", "baseconv", {}),
-    ("deltanet", "deltanet", {}),
-]
-# Learning rate and epochs per model, chosen on validation accuracy in calibration runs on this
-# setting (24 000 documents an epoch). Mamba with its convolution: 90 % after 6 epochs at 3e-3
-# (80 % after 6 at 2e-3, 96 % after 8; 16 epochs at 1e-3 did as well as 8 at 2e-3, in twice the
-# time). Based, at 2e-3: 91 % after 3 epochs, 99 % after 4. DeltaNet, at 2e-3: 100 % after 1. The
-# Transformer forms its induction head only after ~9 000 steps at 3e-4 (still 25-30 % after 8
-# epochs at 1e-3 or 2e-3, 10 at 5e-4 or 12 at 3e-4), hence its 16. The models that fail get the
-# budget a working model needs at the same rate: Mamba without its convolution the recipe of Mamba
-# with one; Hyena, H3 and BaseConv the 3 epochs at 2e-3 in which Based solves AR.
-EPOCHS = {"transformer": 16, "based": 3, "mamba_conv4": 6, "mamba_conv0": 6, "hyena": 3, "h3": 3, "baseconv": 3,
-          "deltanet": 1}
-LEARNING_RATES = {"transformer": 3e-4, "based": 2e-3, "mamba_conv4": 3e-3, "mamba_conv0": 3e-3, "hyena": 2e-3,
-                  "h3": 2e-3, "baseconv": 2e-3, "deltanet": 2e-3}
-
-# training order: the longest runs first, so that the workers finish at about the same time
-TRAINING_ORDER = ["transformer", "mamba_conv4", "mamba_conv0", "h3", "hyena", "baseconv", "based", "deltanet"]
+# the models the headline's claims are about (``headline``): the plan must train exactly these
+HEADLINE_MODELS = ("transformer", "based", "mamba_conv4", "mamba_conv0", "hyena", "h3", "baseconv", "deltanet")
 
 
-def _train_args(name: str, arch: str, extra: dict, setting: dict, seed: int = 0) -> dict:
-    config = dict(extra)
-    args = {"task": setting["task"], "task_config": setting["task_config"], "architecture": arch,
-            "hidden_size": setting["hidden_size"], "num_hidden_layers": setting["num_hidden_layers"],
-            "train_size": setting["train_size"], "eval_size": setting["eval_size"],
-            "learning_rate": LEARNING_RATES[name], "eval_strategy": "no", "save_strategy": "no",
-            "logging_steps": 1000, "seed": seed}
-    if "max_position_embeddings" in config:
-        args["max_position_embeddings"] = config.pop("max_position_embeddings")
-    args["model_config"] = config
-    for key in ("init_scheme", "mixer_forms", "max_grad_norm"):
-        if key in setting:
-            args[key] = setting[key]
-    if "max_steps" in setting:
-        args["max_steps"] = setting["max_steps"]
-    else:
-        args["num_train_epochs"] = EPOCHS[name]
-    return args
+@dataclasses.dataclass(frozen=True)
+class QuickstartPlan:
+    """``experiments/quickstart.yaml``: the setting every run shares (and ``--tiny``'s), each
+    model's own arguments (report order), the training order and the intervention grids."""
+    setting: dict
+    tiny: dict
+    models: dict
+    training_order: list
+    grid: GridSettings
+    tiny_grid: GridSettings
+
+    @staticmethod
+    def load() -> "QuickstartPlan":
+        names = [f.name for f in dataclasses.fields(QuickstartPlan)]
+        values = read_experiment("quickstart", names)
+        if not isinstance(values["models"], dict) or sorted(values["models"]) != sorted(HEADLINE_MODELS):
+            raise ConfigError("models", f"experiments/quickstart.yaml must give exactly the models "
+                                        f"{', '.join(HEADLINE_MODELS)}, each a mapping of training arguments")
+        if sorted(values["training_order"] or []) != sorted(HEADLINE_MODELS):
+            raise ConfigError("training_order", "experiments/quickstart.yaml must order every model once")
+        for key in ("grid", "tiny_grid"):
+            try:
+                values[key] = dataclasses.replace(GridSettings(), **values[key])
+            except TypeError as exc:
+                raise ConfigError(key, f"experiments/quickstart.yaml: {exc}") from None
+        return QuickstartPlan(**values)
+
+    def run_args(self, name: str, tiny: bool = False, seed: int = 0) -> dict:
+        """Run ``name``'s training arguments: the setting's, then the model's (``--tiny``: its
+        max_steps instead of the model's epochs), no evaluation or checkpoint during training."""
+        setting = self.tiny if tiny else self.setting
+        args = {**setting, **self.models[name], "eval_strategy": "no", "save_strategy": "no",
+                "logging_steps": 1000, "seed": seed}
+        if "max_steps" in setting:
+            args.pop("num_train_epochs", None)
+        return args
+
+    def learning_rates(self) -> dict:
+        return {name: model["learning_rate"] for name, model in self.models.items()}
+
+    def epochs(self) -> dict:
+        return {name: model.get("num_train_epochs") for name, model in self.models.items()}
+
+
+PLAN = QuickstartPlan.load()
 
 
 def headline(rows: dict[str, dict]) -> list[dict]:
@@ -119,41 +113,44 @@ def headline(rows: dict[str, dict]) -> list[dict]:
 
 
 def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress: bool = True,
-               workers: int | str = "auto", seed: int = 0) -> dict:
+               workers: int | str = "auto", seed: int = 0, plan: QuickstartPlan | None = None) -> dict:
     """Train the eight runs (``workers`` processes at once; ``auto``: one 1-thread process per core
     on a CPU), each followed by its intervention grid, then write the report. ``seed``: every
     run's initialisation and data-order seed (the documents do not change)."""
     from ..training.jobs import Run
     from ..training.sweep import check_existing_runs, train_runs
 
-    setting = TINY if tiny else SETTING
+    plan = plan or PLAN
+    setting = plan.tiny if tiny else plan.setting
     out = Path(out)
     runs_dir = out / "runs"
-    models = {name: (arch, extra) for name, arch, extra in MODELS}
-    runs = [Run(name, _train_args(name, *models[name], setting, seed)) for name in TRAINING_ORDER]
+    runs = [Run(name, plan.run_args(name, tiny, seed)) for name in plan.training_order]
+    for run in runs:            # every run checked as `mecheval train` checks it, before any starts
+        run.checked()
     # a finished run is reused only if it is the run asked for (a --tiny one is not a full one)
     check_existing_runs(runs, runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)      # an unwritable output fails here, before any work
     started = time.perf_counter()
-    evaluate = ["-n", "32", "--resamples", "100"] if tiny else ["-n", "256", "--resamples", "1000"]
-    outcome = train_runs(runs, runs_dir, workers=workers, progress=progress, evaluate=evaluate)
+    grid = plan.tiny_grid if tiny else plan.grid
+    outcome = train_runs(runs, runs_dir, workers=workers, progress=progress, grid=grid)
     if outcome["failed"]:
         raise MechEvalError(f"quickstart: {len(outcome['failed'])} run(s) failed: {'; '.join(outcome['failed'])}")
     if outcome["in_use"]:
         raise MechEvalError(f"quickstart: {', '.join(outcome['in_use'])} in use by another process (a second "
                             f"quickstart into the same folder?); run again when it has finished")
-    rows = {name: r for (name, _, _), r in zip(MODELS, collect_runs([runs_dir / n for n, _, _ in MODELS]))}
+    rows = dict(zip(plan.models, collect_runs([runs_dir / n for n in plan.models])))
     checks = headline(rows)
     minutes = (time.perf_counter() - started) / 60
-    lines = [f"Setting: {json.dumps(setting)}; seed {seed}; learning rates {json.dumps(LEARNING_RATES)}; epochs "
-             f"{json.dumps(EPOCHS) if 'max_steps' not in setting else setting['max_steps']}; "
-             f"interventions on {32 if tiny else 256} test documents, key corrupted, residual stream at the input of "
+    lines = [f"Setting: {json.dumps(setting)}; seed {seed}; learning rates {json.dumps(plan.learning_rates())}; "
+             f"epochs {json.dumps(plan.epochs()) if 'max_steps' not in setting else setting['max_steps']}; "
+             f"interventions on {grid.n} test documents, key corrupted, residual stream at the input of "
              f"the last layer. Wall time of this invocation: {minutes:.1f} min.", "", "## The paper's headline here", ""]
     lines += [f"- {'**reproduced**' if c['holds'] else '**not reproduced**'}: {c['claim']} — {c['figures']}"
               for c in checks]
-    report = write_report([runs_dir / n for n, _, _ in MODELS], out, overwrite=True, title="hf-mecheval quickstart",
+    report = write_report([runs_dir / n for n in plan.models], out, overwrite=True, title="hf-mecheval quickstart",
                           preamble="\n".join(lines))
-    summary = {"setting": setting, "seed": seed, "learning_rates": LEARNING_RATES, "epochs": EPOCHS, "minutes": minutes, "checks": checks,
+    summary = {"setting": setting, "seed": seed, "learning_rates": plan.learning_rates(), "epochs": plan.epochs(),
+               "minutes": minutes, "checks": checks,
                "rows": report["rows"], "figures": report["figures"]}
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n", overwrite=True)
     print(markdown_table(report["rows"]), end="")

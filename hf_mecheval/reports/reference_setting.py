@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from ..experiments import read_experiment
 from ..training.sweep import Sweep, best_learning_rate, mean_validation_accuracy
 from .report import model_label
 
@@ -30,10 +31,11 @@ REFERENCE_RECIPE, EARLIER_RECIPE = "reference", "N(0, 0.02) init, clip 1"
 # the packaged sweep that plans each recipe's AR learning rates (a claim waits for all of them)
 PLANNED_AR = {REFERENCE_RECIPE: "reference/recipe_ar", EARLIER_RECIPE: "reference/ar"}
 
-# Arora et al. (arXiv 2505.15105): AR accuracy at width 256, best learning rate, 2 layers, and
-# Mamba's short-convolution ablation at width 256 (%)
-PAPER_AR_WIDTH_256 = {"transformer": 100, "based": 99, "mamba (conv 4)": 91, "hyena": 30, "baseconv": 10, "h3": 2}
-PAPER_MAMBA_CONV_WIDTH_256 = {0: 6, 1: 3, 2: 94, 3: 92, 4: 91}
+# the paper's own figures (%), from hf_mecheval/experiments/paper.yaml: AR accuracy at width 256
+# by model, and Mamba's short-convolution ablation at width 256 by convolution width
+_PAPER = read_experiment("paper", ("ar_width_256", "mamba_conv_width_256"))
+PAPER_AR_WIDTH_256 = {str(k): v for k, v in _PAPER["ar_width_256"].items()}
+PAPER_MAMBA_CONV_WIDTH_256 = {int(k): v for k, v in _PAPER["mamba_conv_width_256"].items()}
 ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3", "baseconv")
 
 

@@ -33,6 +33,7 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..runs import RunDir
+from ..runs.files import GridSettings
 from ..training.sweep import SWEEPS_DIR, Sweep, launch, write_results
 from .report import write_report
 
@@ -56,7 +57,7 @@ def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "
         return {"runs": [r.name for r in sweep.select(only)]}
     # each run's intervention grid right after its training, in the same worker (and for finished
     # runs that have none): a sweep stopped part-way leaves every finished run evaluated
-    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, evaluate=["-n", str(n)],
+    outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, grid=GridSettings(n=n),
                      only=only, threads=threads)
     write_results(sweep, out)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]

@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 
 from ..errors import MechEvalError
-from ..io_utils import read_json, write_text_atomic
+from ..atomic_files import write_text_atomic
+from ..inputs import read_json
 from ..metrics.mechanism import relabel
 from ..runs.files import format_score
 from .reference_figures import reference_figures

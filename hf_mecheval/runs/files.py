@@ -1,5 +1,5 @@
 """The shapes of a run directory's JSON files and of a results folder's, so a damaged or foreign
-file is one clear error naming it (``io_utils.read_json``; ``RunDir`` reads a run's files with them).
+file is one clear error naming it (``inputs.read_json``; ``RunDir`` reads a run's files with them).
 
 Only the keys something reads without a default are required; everything else is optional. The
 summary of a run's intervention grid that tables, cards and the command line show is here too
@@ -11,9 +11,9 @@ import dataclasses
 from pathlib import Path
 
 from ..errors import MechEvalError
-from ..io_utils import FRACTION, NUMBER, OPTIONAL_NUMBER, maybe, read_json
+from ..inputs import FRACTION, NUMBER, OPTIONAL_NUMBER, maybe, read_json
 
-# run.json, written by `mecheval train` (training.trainer.run_record); what the reports tabulate and
+# run.json, written by `mecheval train` (training.spec.RunSpec.record); what the reports tabulate and
 # plot must have its type, or one run of another type would break a table or a figure
 RUN_RECORD = {"model": {"architecture": maybe(str), "hidden_size": int, "num_hidden_layers": int,
                         "conv_kernel": maybe((int, str)), "short_conv_kernel": maybe((int, str))},
@@ -90,22 +90,27 @@ class GridSettings:
     resamples: int = 1000
 
     def flags(self) -> list[str]:
-        """As ``mecheval evaluate`` flags (``from_flags`` reads them back)."""
+        """The ``mecheval evaluate`` flags that ask for these settings (a log says what it ran)."""
         out = ["-n", str(self.n), "--split", self.split, "--resamples", str(self.resamples)]
         if self.seed is not None:
             out += ["--seed", str(self.seed)]
         return out + (["--sites", *self.sites] if self.sites else [])
 
     @staticmethod
-    def from_flags(flags) -> "GridSettings":
-        """The settings of ``mecheval evaluate`` flags (``add_grid_arguments``'; --batch-size does
-        not change the result); anything else is a programming error."""
-        import argparse
-
-        parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-        add_grid_arguments(parser)
-        args = parser.parse_args(list(flags))
-        return GridSettings(args.n, args.split, args.seed, tuple(args.sites) if args.sites else None, args.resamples)
+    def from_record(values: dict) -> "GridSettings":
+        """Settings as a job file holds them (``dataclasses.asdict``); a field missing, unknown or
+        of the wrong type is a ``TypeError`` or ``ValueError`` naming it."""
+        names = [f.name for f in dataclasses.fields(GridSettings)]
+        if not isinstance(values, dict) or set(values) != set(names):
+            raise ValueError(f"grid settings must have exactly the keys {', '.join(names)}, got {values!r}")
+        for name in ("n", "resamples") + (("seed",) if values["seed"] is not None else ()):
+            if not isinstance(values[name], int) or isinstance(values[name], bool) or values[name] < 0:
+                raise ValueError(f"grid setting {name} must be a whole number >= 0, got {values[name]!r}")
+        sites = values["sites"]
+        if sites is not None and not (isinstance(sites, list) and all(isinstance(s, str) for s in sites)):
+            raise ValueError(f"grid setting sites must be a list of site names or null, got {sites!r}")
+        return GridSettings(values["n"], str(values["split"]), values["seed"], tuple(sites) if sites else None,
+                            values["resamples"])
 
     def record(self, dataset_seed: int) -> dict:
         """As interventions.json records them: the seed resolved to the one used."""
@@ -119,16 +124,3 @@ class GridSettings:
         made = grid.get("settings") or {"n": grid.get("examples"), "split": grid.get("run", {}).get("split"),
                                         "seed": grid.get("run", {}).get("dataset_seed")}
         return all(wanted.get(key) == value for key, value in made.items())
-
-
-def add_grid_arguments(parser, positive_int=int, non_negative_int=int, splits=None) -> None:
-    """``mecheval evaluate``'s flags that choose the grid (the command line passes its checking
-    types and the splits; ``GridSettings.from_flags`` reads the same flags back)."""
-    parser.add_argument("-n", type=positive_int, default=GridSettings.n, help=f"documents (default {GridSettings.n})")
-    parser.add_argument("--split", choices=splits, default=GridSettings.split,
-                        help=f"split (default {GridSettings.split})")
-    parser.add_argument("--seed", type=non_negative_int, help="data seed (default: the run's)")
-    parser.add_argument("--sites", nargs="+", help="only these sites (default: all; see model.site_names())")
-    parser.add_argument("--batch-size", type=positive_int, default=64, help="documents per batch")
-    parser.add_argument("--resamples", type=non_negative_int, default=GridSettings.resamples,
-                        help="bootstrap resamples")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import MechEvalError, some_of
-from ..io_utils import is_temporary, write_text_atomic
+from ..atomic_files import is_temporary, write_text_atomic
 
 MANIFEST = ".mecheval-written.json"
 

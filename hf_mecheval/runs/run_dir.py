@@ -25,7 +25,8 @@ import shutil
 from pathlib import Path
 
 from ..errors import MechEvalError, some_of
-from ..io_utils import is_temporary, read_json, write_text_atomic
+from ..atomic_files import is_temporary, write_text_atomic
+from ..inputs import read_json
 from .files import METRICS, RUN_RECORD, GridSettings, read_interventions
 from .manifest import add_written, remove_written, remove_written_below, unlisted, written
 

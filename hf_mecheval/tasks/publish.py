@@ -27,7 +27,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import MechEvalError
-from ..io_utils import is_temporary, locked_folder, temporary_beside, write_parquet_atomic, write_text_atomic
+from ..atomic_files import is_temporary, temporary_beside, write_parquet_atomic, write_text_atomic
+from ..locks import locked_folder
 from .base import GENERATOR_VERSION
 from .presets import get_preset, build_task
 from .seeding import SPLITS

@@ -19,7 +19,7 @@ import torch
 from transformers import TrainingArguments
 
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import loads_finite
+from ..inputs import loads_finite
 from ..typed_config import check_int
 from ..adapters.native_config import count_native_parameters, is_native, native_config, native_model_type
 from ..models import ARCHITECTURES, get_architecture, model_classes
@@ -197,7 +197,7 @@ def resolved_sizes(data: DataArguments, run: RunArguments, training) -> tuple[in
 def validate(model: ModelArguments, data: DataArguments, run: RunArguments, training):
     """Everything that can be checked before any work starts (and before an existing run is
     replaced): every argument, the task's and the model's configuration, and whether the run fits
-    in memory. Returns the task."""
+    in memory. Returns the task and the model's configuration (``spec.RunSpec`` keeps both)."""
     from ..tasks import build_task
 
     for group in (model, data, run, training):         # NaN and infinity compare false with every bound
@@ -255,7 +255,7 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
         raise ConfigError("resume", "--resume and --overwrite exclude each other")
     check_trainer_settings(training)
     check_run_memory(config, task, data, run, training)
-    return task
+    return task, config
 
 
 # what compute_answer_metrics reports, as the Trainer names them for --metric_for_best_model
@@ -290,19 +290,19 @@ def check_trainer_settings(training) -> None:
         raise ConfigError("report_to", f"{(str(exc).splitlines() or [''])[0]}") from None
 
 
-def check_run_memory(config, task, data: DataArguments, run: RunArguments, training) -> None:
-    """Refuse, with the estimate, a run that cannot fit in memory (the model with its gradients
-    and AdamW state, activations, the documents; model and activations against the GPU's memory
-    where there is one)."""
+def run_memory(config, task, train_size: int, eval_size: int, run: RunArguments, training) -> dict:
+    """A run's memory, estimated generously before it starts: {"parameters": count, "device":
+    {part: bytes} (the model with its gradients and AdamW state, activations: what a GPU must
+    hold, per copy of a stack), "documents": {part: bytes} (held in the host's memory)}. The one
+    estimate both ``check_run_memory`` and a sweep's stacking plan (``sweep.stack_size_that_fits``)
+    use."""
     from ..models import MechEvalConfig, count_parameters
-    from ..resources import check_memory
 
     try:
         # transformers' own model is built on the meta device, which also finds its decoder layers
         params = count_parameters(config) if isinstance(config, MechEvalConfig) else count_native_parameters(config)
     except (OverflowError, TypeError) as exc:      # sizes beyond 64-bit integers
         raise MechEvalError(f"the model cannot be built: {(str(exc).splitlines() or [''])[0]}") from None
-    train_size, eval_size, _ = resolved_sizes(data, run, training)
     width = config.hidden_size * config.num_hidden_layers * ACTIVATION_BYTES
     longest = task.longest_estimate()
     train_batch = min(training.per_device_train_batch_size, train_size)
@@ -312,9 +312,19 @@ def check_run_memory(config, task, data: DataArguments, run: RunArguments, train
               + 4 * training.per_device_eval_batch_size}    # the Trainer's evaluation repeats the loss per row
     documents = {"documents": task.memory_estimate(train_size + 2 * eval_size, padded=True)
                  + (task.memory_estimate(run.restoration_examples) if run.restoration_every_n_steps > 0 else 0)}
-    what = f"this run ({params:,} parameters, {train_size:,} training documents)"
+    return {"parameters": params, "device": device, "documents": documents}
+
+
+def check_run_memory(config, task, data: DataArguments, run: RunArguments, training) -> None:
+    """Refuse, with the estimate (``run_memory``), a run that cannot fit in memory: the model and
+    activations against the GPU's memory where there is one, everything against the host's."""
+    from ..resources import check_memory
+
+    train_size, eval_size, _ = resolved_sizes(data, run, training)
+    memory = run_memory(config, task, train_size, eval_size, run, training)
+    what = f"this run ({memory['parameters']:,} parameters, {train_size:,} training documents)"
     if torch.cuda.is_available():
-        check_memory(what, device, limit=torch.cuda.get_device_properties(0).total_memory)
-        check_memory(what, documents)
+        check_memory(what, memory["device"], limit=torch.cuda.get_device_properties(0).total_memory)
+        check_memory(what, memory["documents"])
     else:
-        check_memory(what, {**device, **documents})
+        check_memory(what, {**memory["device"], **memory["documents"]})

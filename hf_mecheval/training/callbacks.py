@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from ..errors import MechEvalError
 from ..interventions.engine import engine_for
 from ..interventions.grid import POSITIONS, cell, run_grid
-from ..io_utils import write_text_atomic
+from ..atomic_files import write_text_atomic
 from ..runs.manifest import add_written
 from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData

@@ -1,19 +1,18 @@
 """A run's arguments as typed objects: from a command line (``parse``: flags, after an optional
-YAML/JSON file of defaults), from a mapping (``parse_dict``: a sweep's or a stack's run, checked
-in-process), and back to a command to type again (``as_flags``, ``this_command``).
+YAML/JSON file of defaults) and from a mapping (``parse_values``: a sweep's run, a job file's),
+which ``parse`` reads as the flags that ask for the same values; and the command that started a
+run, to type again (``this_command``). ``spec.RunSpec`` is what the rest of training uses.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import difflib
-import enum
 import functools
 import json
 import os
 import shlex
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Sequence
@@ -23,9 +22,9 @@ from transformers import HfArgumentParser
 from transformers.trainer_utils import SchedulerType
 
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import load_yaml, loads_finite, refuse_non_finite
+from ..inputs import load_yaml, loads_finite, non_finite, refuse_non_finite
 from ..tasks.presets import PRESETS, get_preset
-from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
+from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments
 
 ARGUMENT_TYPES = (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
 
@@ -36,8 +35,8 @@ def _parser() -> HfArgumentParser:
     return HfArgumentParser(
         ARGUMENT_TYPES, allow_abbrev=False, exit_on_error=False,
         description="Train one model into a run directory. A stacked run (several runs that differ only in "
-                    "learning rate and seed, trained together) is started instead with: --stack STACK.json "
-                    "[--resume | --overwrite]; see hf_mecheval/training/stacked.py.")
+                    "learning rate and seed, trained together), or any run a job file describes, is started "
+                    "instead with: --job JOB.json [--resume | --overwrite]; see hf_mecheval/training/jobs.py.")
 
 
 @functools.cache
@@ -114,13 +113,15 @@ def parse(argv: Sequence[str]):
         if not isinstance(values, dict):
             raise MechEvalError(f"the run config {path} must be a mapping of argument names to values")
         refuse_non_finite(values, str(path))
-        argv = as_flags(values) + argv
+        argv = values_as_flags(values) + argv
     _refuse_non_finite_flags(argv)
     _refuse_missing_files(argv)
     try:
         model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except argparse.ArgumentError as exc:    # a value of the wrong type or not among the choices
-        raise MechEvalError(str(exc)) from None
+        # named as the field (a sweep file or a job file gives fields, not flags), as ConfigError names it
+        name = (exc.argument_name or "").split("/")[0].removeprefix("--")
+        raise MechEvalError(f"{name}: {exc.message}" if name else str(exc)) from None
     except (ValueError, OverflowError) as exc:   # unknown keys; a value TrainingArguments cannot convert
         raise MechEvalError(str(exc).splitlines()[0]) from None
     chosen = any(a.split("=")[0] in ("--lr_scheduler_type", "--lr-scheduler-type") for a in argv)
@@ -135,106 +136,55 @@ def _preset_schedule(data_args: DataArguments, training_args: MechEvalTrainingAr
         training_args.lr_scheduler_type = SchedulerType(get_preset(data_args.task).lr_scheduler)
 
 
-def parse_dict(values: dict, source: str = "the run's arguments"):
-    """The four argument objects from a mapping of argument names to values (a sweep's run, a
-    stack member), as ``parse`` would make them from the same values given as flags: unknown
-    names, NaN/infinite numbers and values of the wrong kind are one error naming ``source`` and
-    the field. Numbers may be given as text ("1e-4": YAML reads that as a string); mappings and
-    lists for a text field (``task_config``, ``model_config``) are written as JSON."""
+def parse_values(values: dict):
+    """The four argument objects from a mapping of argument names to values (a sweep's run, a job
+    file's), made by ``parse`` from the same values as flags: one reading of every value, however
+    the run was asked for. Unknown names and NaN/infinite numbers are one error naming the field. Numbers may be given as text ("1e-4": YAML reads that as a string); mappings
+    for a text field (``task_config``, ``model_config``) are written as JSON."""
     if not isinstance(values, dict):
-        raise MechEvalError(f"{source} must be a mapping of argument names to values")
-    refuse_non_finite(values, source)
+        raise MechEvalError("a run's arguments must be a mapping of argument names to values")
+    place = non_finite(values)
+    if place:
+        raise MechEvalError(f"{place} is not a finite number (NaN and infinity are not allowed)")
     known = {f.name for dtype in ARGUMENT_TYPES for f in dataclasses.fields(dtype) if f.init}
     unknown = sorted(set(values) - known)
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise MechEvalError(f"{source}: unknown argument {unknown[0]!r}{hint}")
-    groups = []
-    for dtype in ARGUMENT_TYPES:
-        hints = _type_hints(dtype)
-        names = {f.name for f in dataclasses.fields(dtype) if f.init}
-        try:
-            kwargs = {k: _coerce(k, v, hints[k]) for k, v in values.items() if k in names}
-            groups.append(dtype(**kwargs))
-        except ConfigError as exc:
-            raise MechEvalError(f"{source}: {exc}") from None
-        except (TypeError, ValueError) as exc:      # refused by the dataclass itself (TrainingArguments' checks)
-            raise MechEvalError(f"{source}: {(str(exc).splitlines() or [''])[0]}") from None
-    model_args, data_args, run_args, training_args = groups
-    _preset_schedule(data_args, training_args, "lr_scheduler_type" in values)
-    return model_args, data_args, run_args, training_args
+        raise MechEvalError(f"unknown argument {unknown[0]!r}{hint}")
+    return parse(values_as_flags(values))
 
 
-@functools.lru_cache(maxsize=None)
-def _type_hints(dtype) -> dict:
-    return typing.get_type_hints(dtype)
+@functools.cache
+def _defaults() -> dict:
+    return {f.name: f.default for dtype in ARGUMENT_TYPES for f in dataclasses.fields(dtype) if f.init}
 
 
-TRUE, FALSE = ("true", "yes", "t", "y", "1"), ("false", "no", "f", "n", "0")     # as transformers' string_to_bool
-
-
-def _coerce(name: str, value, hint):
-    """``value`` as the field ``name`` (declared ``hint``) would hold it had it come as a flag."""
-    if value is None:
-        return None
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    kinds = {k for k in (typing.get_args(hint) if union else (hint,)) if k is not type(None)}
-    if str in kinds or any(isinstance(k, type) and issubclass(k, enum.Enum) for k in kinds):
-        # text (or a choice that TrainingArguments converts itself): flags carry text, JSON for mappings
-        if isinstance(value, (dict, list)):
-            return json.dumps(value)
-        if isinstance(value, bool):
-            return str(value).lower()
-        return str(value) if isinstance(value, (int, float)) and str in kinds and not kinds & {int, float} else value
-    if bool in kinds:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, (str, int)) and str(value).lower() in TRUE + FALSE:
-            return str(value).lower() in TRUE
-        raise ConfigError(name, f"expected true or false, got {value!r}")
-    if kinds & {int, float}:
-        if isinstance(value, str):
-            try:
-                return int(value) if int in kinds else float(value)
-            except ValueError:
-                if float in kinds:
-                    try:
-                        return float(value)
-                    except ValueError:
-                        pass
-                raise ConfigError(name, f"expected {'an integer' if float not in kinds else 'a number'}, "
-                                        f"got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(name, f"expected a number, got {value!r}")
-        if isinstance(value, float) and float not in kinds:
-            raise ConfigError(name, f"expected an integer, got {value!r}")
-        return float(value) if int not in kinds else value
-    return value
-
-
-def resolve_run_args(args: dict) -> dict:
-    """A run's arguments (as in a sweep file) checked like ``mecheval train`` would check them
-    (``parse_dict``, then ``validate``), before any run starts; numbers given as strings ("1e-4",
-    as YAML reads that) come back as numbers."""
-    parsed = parse_dict({**args, "output_dir": "."})
-    validate(*parsed)
-    resolved = {}
-    for key, value in args.items():
-        typed = next(getattr(group, key) for group in parsed if hasattr(group, key))
-        numeric = isinstance(typed, (int, float)) and not isinstance(typed, bool)
-        resolved[key] = typed if numeric else value
-    return resolved
-
-
-def as_flags(values: dict) -> list[str]:
-    """Command-line flags for a mapping of training arguments (dicts and lists as JSON)."""
+def values_as_flags(values: dict) -> list[str]:
+    """The flags that ask for ``values`` (argument names to values, as a YAML file or a sweep
+    gives them): mappings as JSON, a list as one value per item where the flag takes several (a
+    list of one as its item elsewhere), true/false for booleans. A null value asks for the default where that is null, and is
+    refused elsewhere (a flag cannot say null)."""
     flags = []
     for key, value in values.items():
-        if isinstance(value, (dict, list)):
-            value = json.dumps(value)
-        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+        if value is None:
+            if _defaults().get(key, dataclasses.MISSING) is None:
+                continue
+            raise ConfigError(key, "null is not a value of this argument; leave it out for its default")
+        action = _parser()._option_string_actions.get(f"--{key}")
+        if isinstance(value, list) and action is not None and action.nargs in ("+", "*"):
+            flags += [f"--{key}", *(_flag_text(v) for v in value)]
+        elif isinstance(value, list) and len(value) == 1 and not isinstance(value[0], (dict, list)):
+            flags += [f"--{key}", _flag_text(value[0])]         # report_to: [none], as the flag takes it
+        else:
+            flags += [f"--{key}", _flag_text(value)]
     return flags
+
+
+def _flag_text(value) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def invocation() -> str:

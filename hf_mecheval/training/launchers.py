@@ -10,6 +10,7 @@ round it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -19,18 +20,19 @@ from pathlib import Path
 from .. import closed_network
 from ..children import follow_parent, run_child, stop_children
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import write_text_atomic
+from ..atomic_files import write_text_atomic
+from ..runs.files import GridSettings
 from .jobs import execute, job_from_record, job_record
 
 LAUNCHERS = ("local", "ray")
 
 
 def run_jobs(launcher: str, jobs: list, runs_dir: Path, threads: int, devices: list, progress: bool,
-             evaluate) -> list[dict]:
+             grid) -> list[dict]:
     """Run every job with ``launcher``; one ``execute`` result per job, in order."""
     if launcher == "local":
-        return _launch_local(jobs, runs_dir, threads, devices, progress, evaluate)
-    return _launch_ray(jobs, runs_dir, threads, progress, evaluate)
+        return _launch_local(jobs, runs_dir, threads, devices, progress, grid)
+    return _launch_ray(jobs, runs_dir, threads, progress, grid)
 
 
 PROCESS_MEMORY_GIB = 3     # a generous bound on one training process of the reference presets (CPU)
@@ -68,7 +70,7 @@ def plan_workers(workers: int | str = "auto", threads: int | None = None) -> tup
     return workers, threads, devices
 
 
-def _launch_local(todo, runs_dir, threads, devices, progress, evaluate):
+def _launch_local(todo, runs_dir, threads, devices, progress, grid):
     """One thread per process slot; a job takes a free slot (and its GPU) and gives it back. If
     this process is interrupted, no job starts any more and the running ones are stopped."""
     import queue
@@ -86,7 +88,7 @@ def _launch_local(todo, runs_dir, threads, devices, progress, evaluate):
         try:
             if stopping.is_set():
                 return {"name": job.name, "runs": job.run_names(), "returncode": -1, "log": "not started"}
-            return execute(job, str(runs_dir), threads, device, evaluate)
+            return execute(job, str(runs_dir), threads, device, grid)
         finally:
             slots.put(device)
 
@@ -102,20 +104,20 @@ def _launch_local(todo, runs_dir, threads, devices, progress, evaluate):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _launch_ray(todo, runs_dir, threads, progress, evaluate):
+def _launch_ray(todo, runs_dir, threads, progress, grid):
     ray = _import_ray()
     if ray.is_initialized():                 # the caller's own Ray session
-        return _on_ray(ray, todo, runs_dir, threads, progress, evaluate)
+        return _on_ray(ray, todo, runs_dir, threads, progress, grid)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if os.environ.get("RAY_ADDRESS"):        # a cluster the user started: its network is theirs
         ray.init(include_dashboard=False, log_to_driver=False)
         try:
-            return _on_ray(ray, todo, runs_dir, threads, progress, evaluate)
+            return _on_ray(ray, todo, runs_dir, threads, progress, grid)
         finally:
             ray.shutdown()
     if not todo:
         return []
-    return _in_a_closed_local_cluster(todo, runs_dir, threads, progress, evaluate)
+    return _in_a_closed_local_cluster(todo, runs_dir, threads, progress, grid)
 
 
 def _import_ray():
@@ -126,11 +128,11 @@ def _import_ray():
     return ray
 
 
-def _on_ray(ray, todo, runs_dir, threads, progress, evaluate) -> list[dict]:
+def _on_ray(ray, todo, runs_dir, threads, progress, grid) -> list[dict]:
     from tqdm.auto import tqdm
 
     remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
-    refs = [remote.remote(job, str(runs_dir), threads, None, evaluate) for job in todo]
+    refs = [remote.remote(job, str(runs_dir), threads, None, grid) for job in todo]
     results = []
     for job, ref in zip(todo, tqdm(refs, desc="jobs", disable=not progress or not todo)):
         try:
@@ -141,7 +143,7 @@ def _on_ray(ray, todo, runs_dir, threads, progress, evaluate) -> list[dict]:
     return results
 
 
-def _in_a_closed_local_cluster(todo, runs_dir, threads, progress, evaluate) -> list[dict]:
+def _in_a_closed_local_cluster(todo, runs_dir, threads, progress, grid) -> list[dict]:
     """Start ``python -m hf_mecheval.training.launchers JOBS RESULTS`` in a loopback-only network
     namespace: it starts the local cluster there, runs the jobs, and writes their results."""
     problem = closed_network.unavailable()
@@ -152,7 +154,8 @@ def _in_a_closed_local_cluster(todo, runs_dir, threads, progress, evaluate) -> l
     with tempfile.TemporaryDirectory(prefix="mecheval-ray-") as tmp:
         jobs_file, results_file = Path(tmp) / "jobs.json", Path(tmp) / "results.json"
         jobs_file.write_text(json.dumps({"jobs": [job_record(j) for j in todo], "runs_dir": str(runs_dir),
-                                         "threads": threads, "progress": progress, "evaluate": evaluate}))
+                                         "threads": threads, "progress": progress,
+                                         "grid": None if grid is None else dataclasses.asdict(grid)}))
         cmd = closed_network.closed_command([sys.executable, "-m", "hf_mecheval.training.launchers",
                                              str(jobs_file), str(results_file)])
         try:
@@ -184,7 +187,7 @@ def _closed_cluster_main(jobs_file: str, results_file: str) -> None:
              _node_ip_address="127.0.0.1")
     try:
         results = _on_ray(ray, [job_from_record(j) for j in spec["jobs"]], spec["runs_dir"], spec["threads"],
-                          spec["progress"], spec["evaluate"])
+                          spec["progress"], None if spec["grid"] is None else GridSettings.from_record(spec["grid"]))
     finally:
         ray.shutdown()
     write_text_atomic(Path(results_file), json.dumps(results), overwrite=True)

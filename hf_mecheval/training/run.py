@@ -3,11 +3,12 @@
     python training/train.py --task ar_32 --architecture mamba --hidden_size 64 --output_dir runs/m64
     accelerate launch training/train.py ...          # several processes / GPUs
     mecheval train CONFIG.yaml [--learning_rate 3e-4 ...]
+    python -m hf_mecheval.training.run --job JOB.json [--resume | --overwrite]   # a sweep's job: see jobs.py
 
 Run directory (written by the main process only, which holds a lock on it while it runs; an
 existing run is replaced only with --overwrite, and only a folder that is recognisably a run:
 see ``runs/run_dir.py``):
-    command.txt          the exact command
+    command.txt          the command that trains it again (a sweep's run: the `mecheval train` flags of its values)
     run.json             every resolved argument, task and model configuration
     checkpoint-*/        Trainer checkpoints (--resume continues from the newest complete one,
                          if the run.json there has the fingerprint of the arguments given)
@@ -21,25 +22,27 @@ see ``runs/run_dir.py``):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..children import follow_parent
 from ..errors import MechEvalError
-from ..io_utils import locked_folder
+from ..locks import locked_folder
 from ..runs import RunDir
 from ..runs.run_dir import check_replaceable, check_same_run, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
-from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
+from .arguments import RunArguments
 from .callbacks import TrainingClock
-from .command_line import parse, this_command
+from .command_line import this_command, values_as_flags
 from .data import batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
-from .stacked import load_stack_file, train_stacked
-from .trainer import (MechEvalTrainer, build_run_model, finish_run, load_task_splits, padded_splits, requested_record,
-                      run_trainer)
+from .jobs import Job, read_job_file
+from .spec import RunSpec
+from .stacked import Member, train_stacked
+from .trainer import MechEvalTrainer, build_run_model, finish_run, load_task_splits, padded_splits, run_trainer
 
 
 def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool, requested: dict) -> str | None:
@@ -67,22 +70,21 @@ def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool, reque
     return None
 
 
-def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArguments,
-          training_args: MechEvalTrainingArguments, callbacks: Sequence = (), command: str | None = None) -> dict:
+def train(spec: RunSpec, callbacks: Sequence = (), command: str | None = None) -> dict:
     """Train one model; returns the final metrics (also written to ``metrics.json``)."""
-    task = validate(model_args, data_args, run_args, training_args)
+    run_args, training_args = spec.run, spec.training
     run_dir = Path(training_args.output_dir)
     main_process = training_args.process_index == 0
-    record = requested_record(model_args, data_args, run_args, training_args, task)
+    record = spec.record
     # the main process holds the run directory's lock until the run is written: a second writer
     # (another run given the same --output_dir) is refused instead of mixing its files in
     with locked_folder(run_dir) if main_process else contextlib.nullcontext():
         with training_args.main_process_first(desc="run directory"):
             checkpoint = _prepare_run_dir(run_dir, run_args, main_process, record)
 
-        data, train_size, eval_size = load_task_splits(task, data_args, run_args, training_args, main_process)
+        data = load_task_splits(spec, main_process)
         splits = padded_splits(data, run_args)
-        model = build_run_model(model_args, task, training_args.seed, max(int(d.lengths.max()) for d in data.values()))
+        model = build_run_model(spec, training_args.seed, max(int(d.lengths.max()) for d in data.values()))
 
         with training_args.main_process_first(desc="run directory"):
             if main_process and checkpoint is None:
@@ -92,33 +94,39 @@ def train(model_args: ModelArguments, data_args: DataArguments, run_args: RunArg
         callbacks = [clock, *callbacks]         # first: a callback that stops the run sees the time saved
         trainer = MechEvalTrainer(
             model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
-            processing_class=build_tokenizer(task), data_collator=batch_collator,
+            processing_class=build_tokenizer(spec.task), data_collator=batch_collator,
             compute_metrics=compute_answer_metrics, preprocess_logits_for_metrics=answer_logits_summary,
             callbacks=callbacks,
         )
         if run_args.restoration_every_n_steps > 0:
             from .callbacks import RestorationCallback
 
-            probe = task.generate(run_args.restoration_examples, "validation", data_args.dataset_seed)
-            trainer.add_callback(RestorationCallback(trainer, task, probe, run_args.restoration_every_n_steps))
+            probe = spec.task.generate(run_args.restoration_examples, "validation", spec.data.dataset_seed)
+            trainer.add_callback(RestorationCallback(trainer, spec.task, probe, run_args.restoration_every_n_steps))
         run_trainer(trainer, checkpoint)
         return finish_run(trainer, splits, run_dir, clock.summary())
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """Train one run (or a stack with ``--stack``). ``prog``: the command that invoked it, as
-    written into ``command.txt`` (``mecheval train`` from the CLI; default: this process's own)."""
+    """Train one run (or the runs of a job file, ``--job``). ``prog``: the command that invoked it,
+    as written into ``command.txt`` (``mecheval train`` from the CLI; default: this process's own)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     follow_parent()              # started by a sweep: stop with it
-    command = this_command(argv, prog)
+    if argv[:1] == ["--job"]:
+        return training_command(lambda: train_job_file(*job_arguments(argv)))
+
+    def one_run():
+        spec = RunSpec.from_flags(argv)
+        return {spec.output_dir: train(spec, command=this_command(argv, prog))}, spec.training.process_index == 0
+    return training_command(one_run)
+
+
+def training_command(training: Callable[[], tuple[dict, bool]]) -> int:
+    """Run ``training`` (which returns each run's final metrics by name, and whether this is the
+    main process) as a command: its result printed, one line for an error, and the exit code:
+    0, 1 where a run failed (diverged, trained no step), 2 for bad input, 130 on Ctrl-C."""
     try:
-        if argv[:1] == ["--stack"]:
-            result, main_process = _train_stack(argv, command), True
-            finals = list(result.values())
-        else:
-            model_args, data_args, run_args, training_args = parse(argv)
-            result = train(model_args, data_args, run_args, training_args, command=command)
-            main_process, finals = training_args.process_index == 0, [result]
+        result, main_process = training()
     except MechEvalError as exc:
         print(f"mecheval train: error: {exc}", file=sys.stderr)
         return 2
@@ -131,8 +139,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
               "continues it", file=sys.stderr)
         return 130
     _end_process_group()
+    finals = list(result.values())
     if main_process:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(finals[0] if len(finals) == 1 else result, indent=2))
     failed = [f["failed"] for f in finals if f.get("failed")]
     if failed:      # the run folder is complete, and its metrics.json says why it failed
         print(f"mecheval train: error: {len(failed)} of {len(finals)} run(s) failed: {failed[0]}", file=sys.stderr)
@@ -140,18 +149,31 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     return 0
 
 
-def _train_stack(argv: list[str], command: str) -> dict:
-    """--stack STACK.json [--resume | --overwrite]: a stacked run (see training/stacked.py);
-    returns each run's final metrics by name."""
-    rest = argv[2:]
+def job_arguments(argv: Sequence[str]) -> tuple[Job, str | None]:
+    """``--job JOB.json [--resume | --overwrite]``: the job file, read, and how it restarts."""
+    rest = list(argv[2:])
     if len(argv) < 2 or any(a not in ("--resume", "--overwrite") for a in rest):
-        raise MechEvalError("usage: --stack STACK.json [--resume | --overwrite]")
+        raise MechEvalError("usage: --job JOB.json [--resume | --overwrite]")
     if {"--resume", "--overwrite"} <= set(rest):
         raise MechEvalError("--resume and --overwrite exclude each other")
-    stack_dir, members = load_stack_file(argv[1])
-    finals = train_stacked(members, stack_dir, resume="--resume" in rest, overwrite="--overwrite" in rest,
-                           command=command)
-    return {m.name: f for m, f in zip(members, finals)}
+    return read_job_file(argv[1]), (rest[0].removeprefix("--") if rest else None)
+
+
+def train_job_file(job: Job, restart: str | None = None) -> tuple[dict, bool]:
+    """Train a job file's runs: one alone, several as one stack (``training/stacked.py``, one
+    process); returns each run's final metrics by name, and whether this is the main process.
+    ``restart``: "resume", "overwrite" or None. command.txt says how to train the run again: a
+    lone run's ``mecheval train`` flags, a stack's job file."""
+    if job.stack_dir is None:
+        (name, spec), = job.runs
+        resumed = dataclasses.replace(spec.run, resume=restart == "resume", overwrite=restart == "overwrite")
+        command = this_command(values_as_flags(job.values[0]) + ["--output_dir", spec.output_dir],
+                               prog="mecheval train")
+        return {name: train(dataclasses.replace(spec, run=resumed), command=command)}, spec.training.process_index == 0
+    members = [Member(name, spec) for name, spec in job.runs]
+    finals = train_stacked(members, job.stack_dir, resume=restart == "resume", overwrite=restart == "overwrite",
+                           command=this_command(["--job", str(job.path)], prog="python -m hf_mecheval.training.run"))
+    return {m.name: f for m, f in zip(members, finals)}, True
 
 
 def _end_process_group() -> None:

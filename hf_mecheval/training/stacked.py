@@ -1,12 +1,9 @@
 """Stacked runs: K runs that differ only in learning rate and seed, trained as one computation.
 
-    python -m hf_mecheval.training.run --stack STACK.json [--resume | --overwrite]
+    python -m hf_mecheval.training.run --job JOB.json [--resume | --overwrite]
 
-STACK.json::
-
-    {"output_dir": "runs/stacks/mamba_d64",              # the stack's own directory (checkpoints)
-     "runs": [{"name": "mamba_lr1e-03_s0", "output_dir": "runs/mamba_lr1e-03_s0",
-               "args": {"architecture": "mamba", "learning_rate": 0.001, "seed": 0, ...}}, ...]}
+with a job file (``jobs.py``) that lists the runs and names the stack's own directory (its
+checkpoints), ``stack_dir``.
 
 Every run's arguments must agree except ``learning_rate``, ``seed`` and ``data_seed``, and the
 architecture must be one of ours (or a plug-in's): transformers' own models (``hf:<model_type>``)
@@ -41,19 +38,21 @@ from torch.utils.data import DataLoader
 
 from ..adapters.native_config import is_native
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import loads_finite, locked_folder, read_json, write_text_atomic
+from ..atomic_files import write_text_atomic
+from ..inputs import read_json
+from ..locks import locked_folder
 from ..models.stacked import StackedCausalLM
 from ..runs import RunDir
 from ..runs.manifest import add_written
 from ..runs.run_dir import check_replaceable, clear_run_dir, remove_run_subfolder, differences, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
-from .arguments import validate
 from .callbacks import TrainingClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
-from .command_line import parse_dict, this_command
+from .command_line import this_command
+from .spec import RunSpec
 from .trainer import (MechEvalTrainer, build_run_model, data_seed, finish_run, load_task_splits, padded_splits,
-                      requested_record, run_trainer)
+                      run_trainer)
 
 PER_COPY_FIELDS = {"learning_rate", "seed", "data_seed", "output_dir", "resume", "overwrite"}
 
@@ -242,18 +241,18 @@ def copy_history(history: list[dict], k: int, num_copies: int) -> list[dict]:
 @dataclasses.dataclass
 class Member:
     name: str
-    args: tuple                  # (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
+    spec: RunSpec
 
     @property
     def training(self):
-        return self.args[3]
+        return self.spec.training
 
 
 def check_compatible(members: list[Member]) -> None:
     """Runs can share a stack when all their arguments agree but learning rate and seeds."""
     first = members[0]
     for other in members[1:]:
-        for a, b in zip(first.args, other.args):
+        for a, b in zip(first.spec.groups, other.spec.groups):
             for field in dataclasses.fields(a):
                 if field.name in PER_COPY_FIELDS or field.name.startswith("_"):
                     continue
@@ -261,7 +260,7 @@ def check_compatible(members: list[Member]) -> None:
                     raise ConfigError(field.name, f"runs {first.name} and {other.name} differ in it "
                                                   f"({getattr(a, field.name)!r} vs {getattr(b, field.name)!r}); a stack "
                                                   f"may differ only in {', '.join(sorted(PER_COPY_FIELDS))}")
-    if first.args[2].restoration_every_n_steps > 0:
+    if first.spec.run.restoration_every_n_steps > 0:
         raise ConfigError("restoration_every_n_steps", "the restoration callback is not available in stacked runs; "
                                                       "train such runs alone")
     # each copy is unstacked into its own directory: two copies sharing one would lose one run
@@ -280,7 +279,7 @@ def refuse_native(members: list[Member]) -> None:
     runs its functional path (``use_functional_path``, ``keep_positions``) under vmap, which a
     GPT2LMHeadModel or MambaForCausalLM does not have. Refused before any file is touched."""
     for m in members:
-        architecture = m.args[0].architecture
+        architecture = m.spec.model.architecture
         if is_native(architecture):
             raise ConfigError("architecture", f"{architecture} (run {m.name}) is transformers' own model, which "
                                               "cannot be trained in a stack (--stack); train those runs one by "
@@ -341,31 +340,29 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
     if not members:
         raise ConfigError("runs", "a stack needs at least one run")
     refuse_native(members)
-    task = [validate(*m.args) for m in members][0]     # every member checked; they share the task
-    check_compatible(members)
+    check_compatible(members)          # every member was checked as it was read (RunSpec); they share the task
     if members[0].training.world_size > 1:
         raise ConfigError("stack", "a stacked run is one process; spread stacks over several GPUs or machines with "
                                    "the sweep launchers (mecheval sweep --launcher local --workers N, or --launcher ray)")
     stack_dir = Path(stack_dir)
-    records = {m.name: requested_record(*m.args, task) for m in members}
+    records = {m.name: m.spec.record for m in members}
     # the stack directory and every copy's run directory stay locked until the stack is written
     with contextlib.ExitStack() as locks:
         for folder in [stack_dir, *(Path(m.training.output_dir) for m in members)]:
             locks.enter_context(locked_folder(folder))
         checkpoint = _prepare_stack_dir(stack_dir, members, records, resume, overwrite)
-        return _train_stack(members, stack_dir, task, records, checkpoint, command, callbacks)
+        return _train_stack(members, stack_dir, records, checkpoint, command, callbacks)
 
 
-def _train_stack(members, stack_dir, task, records, checkpoint, command, callbacks) -> list[dict]:
-    model_args, data_args, run_args, first_training = members[0].args
-    data, train_size, eval_size = load_task_splits(task, data_args, run_args, first_training, main_process=True)
-    for m in members[1:]:
-        m.training.num_train_epochs = first_training.num_train_epochs
+def _train_stack(members, stack_dir, records, checkpoint, command, callbacks) -> list[dict]:
+    first = members[0].spec
+    task, first_training = first.task, first.training
+    data = load_task_splits(first, main_process=True)
     longest = max(int(d.lengths.max()) for d in data.values())
-    copies = [build_run_model(model_args, task, m.training.seed, longest) for m in members]
+    copies = [build_run_model(first, m.training.seed, longest) for m in members]
     stacked = StackedCausalLM(copies)
     K = len(members)
-    splits = padded_splits(data, run_args)
+    splits = padded_splits(data, first.run)
 
     if checkpoint is None:
         clear_run_dir(stack_dir)
@@ -385,7 +382,7 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
     diverged = trainer._stacked_optimizer().diverged_at.tolist()
     finals = []
     for k, (member, model) in enumerate(zip(members, stacked.unstack())):
-        m_args, d_args, r_args, t_args = member.args
+        t_args = member.training
         run_dir = Path(t_args.output_dir)
         record = {**records[member.name], "stack": {"dir": str(stack_dir), "copy": k, "size": K}}
         RunDir(run_dir).start(f"{command or this_command()}\n# copy {k} of {K} in the stacked run {stack_dir}",
@@ -410,29 +407,3 @@ def _train_stack(members, stack_dir, task, records, checkpoint, command, callbac
         {"runs": [m.name for m in members], "diverged_at_step": diverged}, indent=2) + "\n", overwrite=True)
     add_written(stack_dir, ["finished.json"])
     return finals
-
-
-def load_stack_file(path: str | Path) -> tuple[Path, list[Member]]:
-    """Read STACK.json (see the module docstring) into members, each parsed like a lone run."""
-    try:
-        spec = loads_finite(Path(path).read_text(), str(path))
-    except (OSError, ValueError) as exc:          # ValueError: not UTF-8 text, not JSON
-        raise MechEvalError(f"cannot read the stack file {path}: {(str(exc).splitlines() or [''])[0]}") from None
-    if not isinstance(spec, dict) or set(spec) != {"output_dir", "runs"} or not isinstance(spec["runs"], list):
-        raise ConfigError("stack", f"{path} must be an object with exactly the keys output_dir and runs (a list)")
-    if not isinstance(spec["output_dir"], str) or not spec["output_dir"]:
-        raise ConfigError("output_dir", f"{path}: the stack's output_dir must be a folder name, got {spec['output_dir']!r}")
-    if not spec["runs"]:
-        raise ConfigError("runs", f"{path} lists no runs")
-    members = []
-    for i, run in enumerate(spec["runs"]):
-        if not isinstance(run, dict) or set(run) != {"name", "output_dir", "args"}:
-            raise ConfigError("runs", f"entry {i} of {path} must have exactly the keys name, output_dir, args")
-        for key in ("name", "output_dir"):
-            if not isinstance(run[key], str) or not run[key]:
-                raise ConfigError(key, f"entry {i} of {path}: {key} must be a non-empty string, got {run[key]!r}")
-        if not isinstance(run["args"], dict):
-            raise ConfigError("runs", f"the args of entry {i} of {path} must be an object of argument names to values")
-        parsed = parse_dict({**run["args"], "output_dir": str(run["output_dir"])}, f"{path}, run {run['name']}")
-        members.append(Member(run["name"], tuple(parsed)))
-    return Path(spec["output_dir"]), members

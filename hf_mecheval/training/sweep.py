@@ -52,15 +52,15 @@ import yaml
 
 from ..adapters.native_config import is_native
 from ..errors import ConfigError, MechEvalError
-from ..io_utils import load_yaml, refuse_non_finite, write_text_atomic
+from ..atomic_files import write_text_atomic
+from ..inputs import load_yaml, refuse_non_finite
 from ..runs import RunDir
 from ..runs.files import GridSettings
 from ..runs.run_dir import check_same_run
-from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, validate
-from .command_line import parse_dict, resolve_run_args
+from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments, RunArguments, run_memory
 from .jobs import Run, Stack, resumable
 from .launchers import LAUNCHERS, plan_workers, run_jobs
-from .trainer import requested_record
+from .spec import RunSpec
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"     # package data: in the wheel too
 
@@ -141,23 +141,25 @@ class Sweep:
             grid_fields += [k for k in grid if k not in grid_fields]
             expanded += [{**defaults, **dict(zip(grid, values))} for values in itertools.product(*grid.values())]
         # every run checked as `mecheval train` would check it, before any starts
+        specs = []
         for i, args in enumerate(expanded):
             try:
-                expanded[i] = resolve_run_args(args)
+                specs.append(RunSpec.from_values(args))
             except MechEvalError as exc:
                 raise MechEvalError(f"{source}: {exc} (run {json.dumps(args, default=str)})") from None
+            expanded[i] = _typed_numbers(args, specs[-1])
         # a run's name shows the fields that tell it apart from the other runs of the sweep
         def shown(key):
             values = {json.dumps(args.get(key), sort_keys=True, default=str) for args in expanded}
             return key in ("architecture", "seed") or len(values) > 1
         naming = [k for k in grid_fields if shown(k)]
         runs, seen = [], set()
-        for args in expanded:
+        for args, run_spec in zip(expanded, specs):
             name = run_name(args, [k for k in naming if k in args])
             if name in seen:
                 raise ConfigError("grids", f"two runs would share the directory {name} (in {source})")
             seen.add(name)
-            runs.append(Run(name, args))
+            runs.append(Run.checked_run(name, args, run_spec))
         return Sweep(spec["name"], runs, grid_fields)
 
     def select(self, patterns: Sequence[str] | None) -> list[Run]:
@@ -172,6 +174,15 @@ class Sweep:
                                           f"{', '.join(r.name for r in self.runs[:12])}"
                                           f"{', ...' if len(self.runs) > 12 else ''}")
         return [r for r in self.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
+
+
+def _typed_numbers(args: dict, spec: RunSpec) -> dict:
+    """``args`` with each number as its argument holds it ("1e-4", as YAML reads that, is 0.0001):
+    run names, the results table and the stacking plan compare numbers, not spellings."""
+    def typed(key, value):
+        held = spec.value(key)
+        return held if isinstance(held, (int, float)) and not isinstance(held, bool) else value
+    return {key: typed(key, value) for key, value in args.items()}
 
 
 _SHORT = {"architecture": "", "hidden_size": "d", "num_hidden_layers": "L", "learning_rate": "lr", "seed": "s",
@@ -222,7 +233,7 @@ def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> lis
         alone = run.args.get("restoration_every_n_steps", 0) or is_native(str(run.args.get("architecture", "")))
         if not alone:
             groups.setdefault(key(run), []).append(run)
-    sizes = {k: stack_size_that_fits(runs[0].args) if stack == "auto" else int(stack) for k, runs in groups.items()}
+    sizes = {k: stack_size_that_fits(runs[0].checked()) if stack == "auto" else int(stack) for k, runs in groups.items()}
     jobs: list[Run | Stack] = list(started)
     for run in rest:
         runs = groups.get(key(run), [])
@@ -237,26 +248,23 @@ def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> lis
     return jobs
 
 
-def stack_size_that_fits(args: dict, cap: int = 32) -> int:
-    """``auto``: on a GPU, as many copies as fit in half its free memory (a generous estimate of a
-    copy's parameters, optimizer state and activations); on a CPU, 1 (no stacking; see above)."""
+def stack_size_that_fits(spec: RunSpec, cap: int = 32) -> int:
+    """``auto``: on a GPU, as many copies as fit in half its free memory, each copy costing what
+    the run's own memory check estimates for it on the device (``arguments.run_memory``); on a
+    CPU, 1 (no stacking; see above)."""
     import torch
 
     if not torch.cuda.is_available():
         return 1
-    hidden = int(args.get("hidden_size", 64))
-    layers = int(args.get("num_hidden_layers", 2))
-    batch = int(args.get("per_device_train_batch_size", 32))
-    vocab, length = 8196, 1100                       # the largest presets: AR vocabulary, ATR length
-    params = vocab * hidden + layers * 16 * hidden * hidden
-    per_copy = 4 * (4 * params + batch * length * hidden * layers * 200)
+    per_copy = sum(run_memory(spec.config, spec.task, spec.train_size, spec.eval_size, spec.run,
+                              spec.training)["device"].values())
     free, _ = torch.cuda.mem_get_info()
     return max(1, min(cap, int(0.5 * free // per_copy)))
 
 
 # ---------------------------------------------------------------------------------- launching
 def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int | str = "auto",
-           progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None,
+           progress: bool = True, stack: int | str = "auto", grid: GridSettings | None = None,
            only: Sequence[str] | None = None, threads: int | None = None) -> dict:
     """Run every unfinished run of the sweep (or of those ``only`` selects, see ``Sweep.select``)
     into ``<out>/<sweep name>/runs`` (see ``train_runs``); returns {"finished", "skipped",
@@ -265,9 +273,9 @@ def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int 
     check_launcher(launcher, stack)
     runs = sweep.select(only)
     check_existing_runs(sweep.runs, root / "runs")      # an edited sweep is refused before its record changes
-    write_text_atomic(root / "sweep.json", json.dumps([dataclasses.asdict(r) for r in sweep.runs], indent=2),
+    write_text_atomic(root / "sweep.json", json.dumps([{"name": r.name, "args": r.args} for r in sweep.runs], indent=2),
                       overwrite=True)
-    return train_runs(runs, root / "runs", launcher, workers, progress, stack, evaluate, threads)
+    return train_runs(runs, root / "runs", launcher, workers, progress, stack, grid, threads)
 
 
 def check_launcher(launcher: str, stack: int | str) -> None:
@@ -278,18 +286,17 @@ def check_launcher(launcher: str, stack: int | str) -> None:
 
 
 def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers: int | str = "auto",
-               progress: bool = True, stack: int | str = "auto", evaluate: Sequence[str] | None = None,
+               progress: bool = True, stack: int | str = "auto", grid: GridSettings | None = None,
                threads: int | None = None) -> dict:
     """Train every unfinished run into ``runs_dir/<run name>`` (stacked where ``stack`` allows;
     ``workers`` processes at once with ``threads`` each, see ``plan_workers``), each followed by
-    its intervention grid (``mecheval evaluate RUN *evaluate``) unless ``evaluate`` is None;
+    its intervention grid with the settings ``grid`` unless that is None;
     returns {"finished", "skipped", "in_use", "failed"} run names: "in_use" are those another
     process was training (a second sweep over the same folder): left to it, not failed."""
     check_launcher(launcher, stack)
     workers, threads, devices = plan_workers(workers, threads)
     check_existing_runs(runs, runs_dir)
     # a grid is made again where the run's was made with other settings (fewer documents, one site)
-    grid = GridSettings.from_flags(evaluate) if evaluate is not None else None
 
     def to_do(run: Run) -> bool:
         folder = RunDir(runs_dir / run.name)
@@ -300,7 +307,7 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     jobs = plan_jobs(todo, runs_dir, stack)
     if progress and jobs:
         print(f"{len(jobs)} jobs, {workers} at a time with {threads} thread(s) each", file=sys.stderr)
-    for result in run_jobs(launcher, jobs, runs_dir, threads, devices, progress, evaluate):
+    for result in run_jobs(launcher, jobs, runs_dir, threads, devices, progress, grid):
         for name in result["runs"]:
             folder = RunDir(runs_dir / name)
             failure = folder.failure
@@ -329,9 +336,7 @@ def check_existing_runs(runs: list[Run], runs_dir: Path) -> None:
         if finished:
             RunDir(run_dir).metrics()
         if finished or ((run_dir / "run.json").exists() and resumable(run_dir)):
-            parsed = parse_dict({**run.args, "output_dir": str(run_dir)}, f"run {run.name}")
-            requested = requested_record(*parsed, validate(*parsed))
-            check_same_run(run_dir, requested, "reuse" if finished else "resume")
+            check_same_run(run_dir, run.checked().at(run_dir).record, "reuse" if finished else "resume")
 
 
 # ---------------------------------------------------------------------------------- results

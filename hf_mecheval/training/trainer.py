@@ -1,10 +1,11 @@
 """What a run trained alone (``run.py``) and a stacked run (``stacked.py``) share: the Trainer
-with our training order, the task's splits and the model built from the arguments, the run.json
-record, and the end of a run (final metrics, the model, metrics.json, the card).
+with our training order, the task's splits and the model built from the run's ``RunSpec``, and
+the end of a run (final metrics, the model, metrics.json, the card).
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import json
 import math
@@ -18,13 +19,13 @@ from transformers import Trainer, set_seed
 
 from ..adapters.native_config import build_native_model, is_native
 from ..errors import MechEvalError
-from ..io_utils import give_new_file_mode
-from ..models import build_model, non_finite_parameters
+from ..atomic_files import give_new_file_mode
+from ..models import model_classes, non_finite_parameters
 from ..runs import RunDir
 from ..runs.manifest import recording
 from ..runs.model_card import write_model_card
 from ..tasks.presets import get_preset
-from .arguments import DataArguments, ModelArguments, RunArguments, resolved_sizes
+from .arguments import RunArguments
 from .data import EpochShuffleSampler, PaddedTaskDataset
 from .evaluation import decoded_example
 
@@ -96,59 +97,30 @@ def data_seed(training_args) -> int:
     return training_args.data_seed if training_args.data_seed is not None else training_args.seed
 
 
-def resolve_sizes(data_args: DataArguments, run_args: RunArguments, training_args) -> tuple[int, int]:
-    """The run's training and evaluation sizes (``arguments.resolved_sizes``); the number of
-    epochs is set on ``training_args`` when not given."""
-    train_size, eval_size, training_args.num_train_epochs = resolved_sizes(data_args, run_args, training_args)
-    return train_size, eval_size
-
-
-def load_task_splits(task, data_args: DataArguments, run_args: RunArguments, training_args, main_process: bool):
-    """The task's train / validation / test datasets (and the recipe's sizes and epochs); ``task``
-    as ``validate`` built it."""
-    preset = get_preset(data_args.task)
-    train_size, eval_size = resolve_sizes(data_args, run_args, training_args)
-    if run_args.recipe == "quick" and main_process:
-        print(f"recipe quick: {train_size} training documents, {eval_size} validation/test documents, "
-              f"{training_args.num_train_epochs:g} epochs (the reference: {preset.train_size}, {preset.eval_size}, "
+def load_task_splits(spec, main_process: bool) -> dict:
+    """The task's train / validation / test datasets, at the sizes ``spec`` resolved."""
+    preset = get_preset(spec.data.task)
+    if spec.run.recipe == "quick" and main_process:
+        print(f"recipe quick: {spec.train_size} training documents, {spec.eval_size} validation/test documents, "
+              f"{spec.training.num_train_epochs:g} epochs (the reference: {preset.train_size}, {preset.eval_size}, "
               f"{16 if preset.task == 'ar' else 32})", file=sys.stderr)
-    data = {split: task.generate(n, split, data_args.dataset_seed)
-            for split, n in (("train", train_size), ("validation", eval_size), ("test", eval_size))}
-    return data, train_size, eval_size
+    return {split: spec.task.generate(n, split, spec.data.dataset_seed)
+            for split, n in (("train", spec.train_size), ("validation", spec.eval_size), ("test", spec.eval_size))}
 
 
-def build_run_model(model_args: ModelArguments, task, seed: int, longest: int):
+def build_run_model(spec, seed: int, longest: int):
+    """A freshly initialised model of ``spec``'s configuration, seeded with ``seed`` (a stacked
+    run builds one per copy, each with its own seed)."""
     set_seed(seed)  # model initialisation (transformers' convention)
-    if is_native(model_args.architecture):      # transformers' own causal LM, as it is
-        model = build_native_model(model_args.build_config(task.vocab_size))
+    config = copy.deepcopy(spec.config)         # the model may write to its config; the spec's stays as asked
+    if is_native(spec.model.architecture):      # transformers' own causal LM, as it is
+        model = build_native_model(config)
     else:
-        model = build_model(model_args.architecture, vocab_size=task.vocab_size, **model_args.config_fields())
+        model = model_classes(spec.model.architecture)[2](config)
     if 0 < (getattr(model.config, "max_position_embeddings", 0) or 0) < longest:
         raise MechEvalError(f"documents are up to {longest} tokens but the model has "
                             f"{model.config.max_position_embeddings} position embeddings")
     return model
-
-
-def run_record(config, model_args, data_args, run_args, training_args, task, train_size, eval_size) -> dict:
-    """What run.json holds: every resolved argument, the task and the model configuration
-    (``config``: the model's, or the one it would be built from: they are equal)."""
-    sizes = {}
-    if is_native(model_args.architecture):   # under the common names too (GPT-2 calls them n_embd, n_layer)
-        sizes = {"hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers}
-    return {"model": {"architecture": model_args.architecture, **sizes, **config.to_diff_dict()},
-            "task": {"preset": data_args.task, "config": task.config.to_dict(), "train_size": train_size,
-                     "eval_size": eval_size, "dataset_seed": data_args.dataset_seed},
-            "recipe": run_args.recipe,
-            "training": json.loads(training_args.to_json_string())}
-
-
-def requested_record(model_args, data_args, run_args, training_args, task) -> dict:
-    """The run.json that these (validated) arguments would write, without building data or model:
-    what a finished or interrupted run must match to be reused or resumed (``run_dir.fingerprint``)."""
-    train_size, eval_size = resolve_sizes(data_args, run_args, training_args)
-    config = model_args.build_config(task.vocab_size)
-    return json.loads(json.dumps(run_record(config, model_args, data_args, run_args, training_args, task,
-                                            train_size, eval_size), default=str))
 
 
 def padded_splits(data: dict, run_args: RunArguments) -> dict:

@@ -122,7 +122,7 @@ def test_results_runs_json_is_checked(tmp_path, capsys, content, message):
 
 
 def test_shape_problem_messages():
-    from hf_mecheval.io_utils import NUMBER, OPTIONAL_NUMBER, shape_problem
+    from hf_mecheval.inputs import NUMBER, OPTIONAL_NUMBER, shape_problem
 
     shape = {"a": {"b": NUMBER}, "c": [{"d": str}], "e": OPTIONAL_NUMBER}
     assert shape_problem({"a": {"b": 1.5}, "c": [{"d": "x"}], "e": None}, shape) is None

@@ -2,6 +2,8 @@
 import csv
 import json
 
+import pytest
+
 from hf_mecheval.cli import main as mecheval
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -49,9 +51,11 @@ def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys, monkeypatch):
     assert "training.seed: 0 there, 1 asked" in capsys.readouterr().err
     # ... but not for another setting: the full quickstart (here a cheap stand-in) never reports
     # the tiny models under its heading
+    import dataclasses
+
     import hf_mecheval.reports.quickstart as qs
 
-    monkeypatch.setattr(qs, "SETTING", {**qs.TINY, "train_size": 128})
+    monkeypatch.setattr(qs, "PLAN", dataclasses.replace(qs.PLAN, setting={**qs.PLAN.tiny, "train_size": 128}))
     before = (out / "summary.json").read_text()
     assert mecheval(["quickstart", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -66,7 +70,7 @@ def test_report_command_and_errors(tmp_path, capsys):
 
 
 def test_headline_verdicts_follow_the_figures():
-    from hf_mecheval.reports.quickstart import MODELS, headline
+    from hf_mecheval.reports.quickstart import PLAN, headline
 
     def row(acc, mech=None, key=None, value=None, query=None):
         return {"test_accuracy": acc, "mechanism": mech, "@key": key, "@value": value, "@query": query}
@@ -75,7 +79,7 @@ def test_headline_verdicts_follow_the_figures():
              "mamba_conv4": row(0.97, "direct_key_query", 0.45, 0.0, 0.3), "mamba_conv0": row(0.24, "failed"),
              "hyena": row(0.4, "failed"), "h3": row(0.3, "failed"), "baseconv": row(0.3, "failed"),
              "deltanet": row(1.0, "direct_query", 0.0, 0.0, 1.0)}
-    assert set(paper) == {name for name, _, _ in MODELS}
+    assert set(paper) == set(PLAN.models)
     checks = headline(paper)
     assert len(checks) == 8 and all(c["holds"] for c in checks)
     # each departure from the paper fails exactly its own claim
@@ -89,3 +93,28 @@ def test_headline_verdicts_follow_the_figures():
         rows[name].update(change)
         failed = [c["claim"] for c in headline(rows) if not c["holds"]]
         assert len(failed) == 1 and claim_word in failed[0], (name, change, failed)
+
+
+def test_the_quickstart_plan_is_read_from_its_experiment_file_with_every_key_checked(tmp_path, monkeypatch):
+    import hf_mecheval.experiments as experiments
+    from hf_mecheval.errors import MechEvalError
+    from hf_mecheval.reports.quickstart import PLAN, QuickstartPlan
+    from hf_mecheval.training.spec import RunSpec
+
+    # every model trains with the setting's arguments and its own, as `mecheval train` checks them
+    for name in PLAN.training_order:
+        spec = RunSpec.from_values(PLAN.run_args(name))
+        assert spec.train_size == 24000 and spec.training.learning_rate == PLAN.models[name]["learning_rate"]
+        assert RunSpec.from_values(PLAN.run_args(name, tiny=True)).training.max_steps == 20
+    assert PLAN.run_args("mamba_conv0")["model_config"] == {"conv_kernel": 0} and PLAN.grid.n == 256
+    text = (experiments.EXPERIMENTS_DIR / "quickstart.yaml").read_text()
+    monkeypatch.setattr(experiments, "EXPERIMENTS_DIR", tmp_path)
+    for broken, message in [(text + "\nepochs: 3\n", "epochs: unknown key"),
+                            (text.replace("training_order:", "order:"), "order: unknown key"),
+                            (text.replace("tiny_grid: {n: 32, resamples: 100}", ""), "tiny_grid: missing"),
+                            (text.replace("  deltanet: {", "  delta: {"), "must give exactly the models"),
+                            (text.replace("grid: {n: 256", "grid: {documents: 256"), "grid:")]:
+        (tmp_path / "quickstart.yaml").write_text(broken)
+        with pytest.raises(MechEvalError, match=message):
+            QuickstartPlan.load()
+

@@ -1,11 +1,24 @@
+"""GridSettings: as a job file and interventions.json hold them, and as flags."""
+import dataclasses
+import json
+
+import pytest
 
 
 def test_grid_settings_round_trip_and_matching():
     from hf_mecheval.runs.files import GridSettings
 
     settings = GridSettings(n=32, seed=None, sites=("layers.0.input",), resamples=100)
-    assert GridSettings.from_flags(settings.flags()) == settings
-    assert GridSettings.from_flags(["-n", "8", "--batch-size", "4"]) == GridSettings(n=8)   # batch size: same result
+    # as a job file holds them, and back; the flags that ask for them, as `mecheval evaluate` reads them
+    assert GridSettings.from_record(json.loads(json.dumps(dataclasses.asdict(settings)))) == settings
+    for bad in ({"n": 32}, {**dataclasses.asdict(settings), "n": "32"}, {**dataclasses.asdict(settings), "sites": "x"}):
+        with pytest.raises(ValueError):
+            GridSettings.from_record(bad)
+    from hf_mecheval.cli import build_parser
+
+    args = build_parser().parse_args(["evaluate", "run", *settings.flags()])
+    assert (args.n, args.split, args.seed, tuple(args.sites), args.resamples) == \
+        (settings.n, settings.split, settings.seed, settings.sites, settings.resamples)
     grid = {"settings": settings.record(dataset_seed=5), "examples": 32, "run": {"split": "test", "dataset_seed": 5}}
     assert settings.matches(grid, dataset_seed=5)
     assert not GridSettings(n=32, resamples=100).matches(grid, 5)             # every site, not one

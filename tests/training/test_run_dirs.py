@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from hf_mecheval.training.command_line import parse
+from hf_mecheval.training.spec import RunSpec
 from hf_mecheval.training.run import main, train
 
 from test_training import SHORT, StopAt, run_args
@@ -65,12 +65,12 @@ def test_a_stack_member_never_deletes_what_is_not_a_run(tmp_path, capsys):
     (home / "photos" / "a.jpg").write_bytes(b"x")
     base = {"task": "ar_32", "task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 64, "eval_size": 16,
             "max_steps": 2, "hidden_size": 8, "eval_strategy": "no", "save_strategy": "no", "disable_tqdm": True}
-    spec = {"output_dir": str(tmp_path / "stack"),
+    spec = {"stack_dir": str(tmp_path / "stack"),
             "runs": [{"name": "a", "output_dir": str(home), "args": {**base, "learning_rate": 0.001}},
                      {"name": "b", "output_dir": str(tmp_path / "b"), "args": {**base, "learning_rate": 0.01}}]}
     (tmp_path / "stack.json").write_text(json.dumps(spec))
     before = tree(home)
-    assert main(["--stack", str(tmp_path / "stack.json"), "--overwrite"]) == 2
+    assert main(["--job", str(tmp_path / "stack.json"), "--overwrite"]) == 2
     assert "replaces only a run directory" in one_error(capsys)
     assert tree(home) == before and not (tmp_path / "b").exists() and not (tmp_path / "stack").exists()
 
@@ -103,7 +103,7 @@ def interrupted(tmp_path_factory):
     """A run killed after its checkpoint at step 20."""
     run = tmp_path_factory.mktemp("interrupted") / "run"
     with pytest.raises(KeyboardInterrupt):
-        train(*parse(run_args(run, *SHORT)), callbacks=[StopAt(20)])
+        train(RunSpec.from_flags(run_args(run, *SHORT)), callbacks=[StopAt(20)])
     return run
 
 
@@ -122,13 +122,10 @@ def test_resume_refuses_other_arguments_naming_them(tmp_path, capsys, interrupte
 
 
 def test_the_fingerprint_ignores_what_does_not_change_the_result(tmp_path):
-    from hf_mecheval.training.arguments import validate
-    from hf_mecheval.training.trainer import requested_record
     from hf_mecheval.runs.run_dir import differences
 
     def record(*extra):
-        parsed = parse(run_args(tmp_path / "x", *SHORT, *extra))
-        return requested_record(*parsed, validate(*parsed))
+        return RunSpec.from_flags(run_args(tmp_path / "x", *SHORT, *extra)).record
 
     base = record()
     assert differences(base, record("--output_dir", str(tmp_path / "y"), "--logging_steps", "7", "--save_strategy",
@@ -139,14 +136,15 @@ def test_the_fingerprint_ignores_what_does_not_change_the_result(tmp_path):
 
 
 def test_a_run_written_by_train_has_the_requested_fingerprint(tmp_path):
-    from hf_mecheval.training.arguments import validate
-    from hf_mecheval.training.trainer import requested_record
     from hf_mecheval.runs.run_dir import differences
 
     run = tmp_path / "run"
     assert main(run_args(run, *QUICK)) == 0
-    parsed = parse(run_args(run, *QUICK))
-    assert differences(json.loads((run / "run.json").read_text()), requested_record(*parsed, validate(*parsed))) == []
+    written = json.loads((run / "run.json").read_text())
+    assert differences(written, RunSpec.from_flags(run_args(run, *QUICK)).record) == []
+    # the same record, but for what the Trainer's run adds (the process's own fields)
+    assert {k: v for k, v in written.items() if k != "training"} == \
+        {k: v for k, v in RunSpec.from_flags(run_args(run, *QUICK)).record.items() if k != "training"}
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +157,9 @@ def whole(tmp_path_factory):
 
 @pytest.mark.parametrize("damage", ["no trainer state", "truncated weights"])
 def test_resume_skips_a_checkpoint_cut_short(tmp_path, capsys, whole, damage):
-    args = parse(run_args(tmp_path / "run", *SHORT))
+    args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT))
     with pytest.raises(KeyboardInterrupt):
-        train(*args, callbacks=[StopAt(40)])
+        train(args, callbacks=[StopAt(40)])
     newest = tmp_path / "run" / "checkpoint-40"
     if damage == "no trainer state":        # the Trainer writes it last: a kill before it
         (newest / "trainer_state.json").unlink()

@@ -12,6 +12,7 @@ from hf_mecheval.errors import ConfigError, MechEvalError
 from hf_mecheval.tasks.presets import build_task
 from hf_mecheval.training.data import PaddedTaskDataset, StackedBatchSampler, batch_collator, epoch_order
 from hf_mecheval.training.command_line import parse
+from hf_mecheval.training.spec import RunSpec
 from hf_mecheval.training.run import main, train
 from hf_mecheval.training.trainer import MechEvalTrainer
 from hf_mecheval.training.stacked import Member, StackedAdamW, copy_history, train_stacked
@@ -34,7 +35,7 @@ def flags(arch, out, lr, seed, *extra):
 
 
 def members(arch, root, copies=COPIES, *extra):
-    return [Member(f"lr{lr}_s{seed}", tuple(parse(flags(arch, root / f"lr{lr}_s{seed}", lr, seed, *extra))))
+    return [Member(f"lr{lr}_s{seed}", RunSpec.from_flags(flags(arch, root / f"lr{lr}_s{seed}", lr, seed, *extra)))
             for lr, seed in copies]
 
 
@@ -61,7 +62,7 @@ def test_five_stacked_runs_equal_five_runs_trained_alone(arch, tmp_path):
     finals = train_stacked(stacked, tmp_path / "stack")
     for (lr, seed), member, final in zip(COPIES, stacked, finals):
         alone = tmp_path / "alone" / member.name
-        reference = train(*parse(flags(arch, alone, lr, seed, *extra)))
+        reference = train(RunSpec.from_flags(flags(arch, alone, lr, seed, *extra)))
         assert json.loads((Path(member.training.output_dir) / "run.json").read_text())["training"][
             "max_grad_norm"] == (1.0 if arch == "transformer" else 0.0)
         run = Path(member.training.output_dir)
@@ -128,28 +129,28 @@ def test_killed_stacked_run_resumes_to_the_same_weights(tmp_path):
         assert max_weight_difference(tmp_path / "whole" / m.name, tmp_path / "killed" / m.name) <= 1e-6
 
 
-def test_stack_file_entry_point_and_its_errors(tmp_path, capsys):
+def test_a_stack_job_file_entry_point_and_its_errors(tmp_path, capsys):
     runs = [{"name": f"r{i}", "output_dir": str(tmp_path / f"r{i}"),
              "args": {"task": "ar_32", "task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 32, "eval_size": 16,
                       "hidden_size": 16, "max_steps": 3, "learning_rate": lr, "architecture": "based",
                       "save_strategy": "no", "eval_strategy": "no"}}
             for i, lr in enumerate((1e-3, 1e-2))]
     spec = tmp_path / "stack.json"
-    spec.write_text(json.dumps({"output_dir": str(tmp_path / "stack"), "runs": runs}))
-    assert main(["--stack", str(spec)]) == 0
+    spec.write_text(json.dumps({"stack_dir": str(tmp_path / "stack"), "runs": runs}))
+    assert main(["--job", str(spec)]) == 0
     assert json.loads((tmp_path / "r1" / "metrics.json").read_text())["final"]["global_step"] == 3
     capsys.readouterr()
-    assert main(["--stack", str(spec)]) == 2                                   # would overwrite
+    assert main(["--job", str(spec)]) == 2                                     # would overwrite
     assert "already holds a finished run" in capsys.readouterr().err
     runs[1]["args"]["hidden_size"] = 32
-    spec.write_text(json.dumps({"output_dir": str(tmp_path / "stack2"), "runs": runs}))
-    assert main(["--stack", str(spec), "--overwrite"]) == 2
+    spec.write_text(json.dumps({"stack_dir": str(tmp_path / "stack2"), "runs": runs}))
+    assert main(["--job", str(spec), "--overwrite"]) == 2
     assert "hidden_size" in capsys.readouterr().err
     spec.write_text(json.dumps({"runs": runs}))
-    assert main(["--stack", str(spec)]) == 2
-    assert "output_dir and runs" in capsys.readouterr().err
-    assert main(["--stack", str(tmp_path / "missing.json")]) == 2
-    assert "cannot read the stack file" in capsys.readouterr().err
+    assert main(["--job", str(spec)]) == 2
+    assert "needs a stack_dir" in capsys.readouterr().err
+    assert main(["--job", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the job file" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="restoration"):
         train_stacked(members("based", tmp_path / "x", COPIES[:2], "--restoration_every_n_steps", "5"), tmp_path / "s")
 
@@ -162,8 +163,8 @@ def test_a_stack_of_transformers_own_models_is_refused_before_anything_starts(tm
                       "architecture": "hf:gpt2", "save_strategy": "no", "eval_strategy": "no"}}
             for i, lr in enumerate((1e-3, 1e-2))]
     spec = tmp_path / "stack.json"
-    spec.write_text(json.dumps({"output_dir": str(tmp_path / "stack"), "runs": runs}))
-    assert main(["--stack", str(spec)]) == 2
+    spec.write_text(json.dumps({"stack_dir": str(tmp_path / "stack"), "runs": runs}))
+    assert main(["--job", str(spec)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(
         "architecture: hf:gpt2 (run g0) is transformers' own model, which cannot be trained in a stack (--stack); "
@@ -171,7 +172,7 @@ def test_a_stack_of_transformers_own_models_is_refused_before_anything_starts(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stack.json"]        # no stack or run directory
     # one hf: member among ours is refused the same way, naming it
     mixed = members("based", tmp_path / "m", COPIES[:1]) + [
-        Member("llama", tuple(parse(flags("hf:llama", tmp_path / "m" / "llama", 1e-3, 1))))]
+        Member("llama", RunSpec.from_flags(flags("hf:llama", tmp_path / "m" / "llama", 1e-3, 1)))]
     with pytest.raises(ConfigError, match=r"^architecture: hf:llama \(run llama\)") as info:
         train_stacked(mixed, tmp_path / "m" / "stack")
     assert info.value.field == "architecture" and not (tmp_path / "m").exists()
@@ -255,8 +256,8 @@ def test_stacked_sweep_trains_resumes_and_skips(tmp_path):
     # a stacked job killed after its checkpoint, as a dead worker leaves it
     plan = plan_jobs(s.runs, runs_dir, stack=2)
     stack = next(j for j in plan if isinstance(j, Stack))
-    killed = [Member(r.name, tuple(parse([*r.flags(), "--output_dir", str(runs_dir / r.name),
-                                          "--save_strategy", "steps", "--save_steps", "3"])))
+    killed = [Member(r.name, RunSpec.from_values({**r.args, "output_dir": str(runs_dir / r.name),
+                                                  "save_strategy": "steps", "save_steps": 3}))
               for r in stack.runs]
     with pytest.raises(KeyboardInterrupt):
         train_stacked(killed, tmp_path / "st" / "stacks" / stack.name, callbacks=[StopAt(3)])
@@ -302,16 +303,33 @@ def test_stacked_adamw_is_torch_fused_adamw_on_each_copy():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"output_dir": None, "runs": []}, "output_dir: s.json: the stack's output_dir must be a folder name, got None"),
-    ({"output_dir": "st", "runs": []}, "runs: s.json lists no runs"),
-    ({"output_dir": "st", "runs": [{"name": ["a"], "output_dir": "x", "args": {}}]},
+    ({"stack_dir": 3, "runs": []}, "stack_dir: s.json: the stack's folder must be a folder name, got 3"),
+    ({"stack_dir": "st", "runs": []}, "runs: s.json lists no runs"),
+    ({"stack_dir": "st", "runs": [{"name": ["a"], "output_dir": "x", "args": {}}]},
      "name: entry 0 of s.json: name must be a non-empty string, got ['a']"),
-    ({"output_dir": "st", "runs": [{"name": "a", "output_dir": None, "args": {}}]},
+    ({"stack_dir": "st", "runs": [{"name": "a", "output_dir": None, "args": {}}]},
      "output_dir: entry 0 of s.json: output_dir must be a non-empty string, got None"),
 ])
-def test_bad_stack_files_are_one_line(tmp_path, capsys, monkeypatch, spec, message):
+def test_bad_job_files_are_one_line(tmp_path, capsys, monkeypatch, spec, message):
     monkeypatch.chdir(tmp_path)
     Path("s.json").write_text(json.dumps(spec))
-    assert main(["--stack", "s.json"]) == 2
+    assert main(["--job", "s.json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_auto_stacking_fits_half_the_free_gpu_memory_by_the_runs_own_estimate(monkeypatch):
+    from hf_mecheval.training.arguments import run_memory
+    from hf_mecheval.training.sweep import stack_size_that_fits
+
+    spec = RunSpec.from_values({"task": "ar_32", "architecture": "mamba", "hidden_size": 64})
+    if not torch.cuda.is_available():
+        assert stack_size_that_fits(spec) == 1         # a CPU: no stacking
+    # on a GPU (simulated here): the copy costs what the run's own memory check estimates on the device
+    per_copy = sum(run_memory(spec.config, spec.task, spec.train_size, spec.eval_size, spec.run,
+                              spec.training)["device"].values())
+    assert per_copy > 16 * 64 * 64                     # parameters, state and activations of one copy
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for free, size in ((10.9 * per_copy, 5), (1.5 * per_copy, 1), (1e6 * per_copy, 32)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda free=free: (int(free), int(free)))
+        assert stack_size_that_fits(spec) == size

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import sys
 import threading
 import time
@@ -13,9 +14,13 @@ import pytest
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
-from hf_mecheval.sweep_job import main as sweep_job_main, split_arguments
-from hf_mecheval.training.command_line import parse
+from hf_mecheval.runs.files import GridSettings
+from hf_mecheval.runs.run_dir import differences
+from hf_mecheval.sweep_job import main as sweep_job_main
+from hf_mecheval.training.command_line import values_as_flags
+from hf_mecheval.training.jobs import Run, write_job_file
 from hf_mecheval.training.run import train
+from hf_mecheval.training.spec import RunSpec
 from hf_mecheval.training.sweep import Sweep, launch, results_table, write_results
 
 from test_training import StopAt
@@ -48,12 +53,12 @@ def test_expansion_names_and_errors():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"grids": [{"hidden_size": ["abc"]}]}, "hidden_size: expected an integer, got 'abc'"),
+    ({"grids": [{"hidden_size": ["abc"]}]}, "hidden_size: invalid int value: 'abc'"),
     ({"grids": [{"hidden_size": [-4]}]}, "hidden_size: must be >= 1"),
     ({"grids": [{"architecture": ["h3"], "model_config": [{"conv_kernel": 0}]}]}, "unknown field 'conv_kernel' for h3"),
     ({"grids": [{"hidden_size": []}]}, "hidden_size: an empty list"),
     ({"seeds": []}, "seeds: an empty list"),
-    ({"seeds": "abc"}, "seed: expected an integer, got 'abc'"),
+    ({"seeds": "abc"}, "seed: invalid int value: 'abc'"),
     ({"defaults": [1, 2]}, "defaults: must be a mapping"),
     ({"name": "../../x"}, "name:"),
     ({"name": "/abs/path"}, "name:"),
@@ -91,7 +96,7 @@ def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_p
     killed = sweep.runs[1]
     run_dir = tmp_path / "tiny" / "runs" / killed.name
     with pytest.raises(KeyboardInterrupt):
-        train(*parse(killed.flags() + ["--output_dir", str(run_dir)]), callbacks=[StopAt(3)])
+        train(killed.checked().at(run_dir), callbacks=[StopAt(3)])
     outcome = launch(sweep, tmp_path, progress=False)
     assert sorted(outcome["finished"]) == sorted(r.name for r in sweep.runs) and not outcome["failed"]
     state = json.loads((run_dir / "trainer_state.json").read_text())
@@ -113,7 +118,7 @@ def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_p
 
 def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
     sweep = tiny_sweep(architecture=["transformer", "mamba"], learning_rate=[0.01])
-    outcome = launch(sweep, tmp_path, progress=False, evaluate=["-n", "8", "--resamples", "10"], workers=1)
+    outcome = launch(sweep, tmp_path, progress=False, grid=GridSettings(n=8, resamples=10), workers=1)
     assert len(outcome["finished"]) == 2 and not outcome["failed"]
     for run in sweep.runs:
         run_dir = tmp_path / "tiny" / "runs" / run.name
@@ -122,10 +127,13 @@ def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
         # training and the grid in one process (hf_mecheval/sweep_job.py), which says what it ran
         log = (tmp_path / "tiny" / "runs" / f"{run.name}.log").read_text()
         assert log.count("\n=== ") + log.startswith("=== ") == 2, log[:2000]
-        assert "-m hf_mecheval.sweep_job --train" in log and f"=== mecheval evaluate {run_dir} -n 8" in log
+        assert f"-m hf_mecheval.sweep_job {tmp_path / 'tiny' / 'runs' / run.name}.job.json" in log
+        assert f"=== mecheval evaluate {run_dir} -n 8" in log
         assert "interventions (key corrupted)" not in log      # no progress bars in a log file
-        # command.txt names the training command, which trains the same run again
-        assert (run_dir / "command.txt").read_text().startswith("python -m hf_mecheval.training.run ")
+        # command.txt names the `mecheval train` command that trains the same run again
+        command = shlex.split((run_dir / "command.txt").read_text())
+        assert command[:2] == ["mecheval", "train"]
+        assert differences(json.loads((run_dir / "run.json").read_text()), RunSpec.from_flags(command[2:]).record) == []
         # the grid does not depend on what training left in the process: a separate
         # `mecheval evaluate` writes the same results
         assert mecheval(["evaluate", str(run_dir), "-n", "8", "--resamples", "10", "--out",
@@ -137,28 +145,45 @@ def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
     assert json.loads(grids[0].read_text())["settings"] == {"n": 8, "split": "test", "seed": 0, "sites": None,
                                                             "resamples": 10}
     made = [g.stat().st_mtime_ns for g in grids]
-    outcome = launch(sweep, tmp_path, progress=False, evaluate=["-n", "8", "--resamples", "10"], workers=1)
+    outcome = launch(sweep, tmp_path, progress=False, grid=GridSettings(n=8, resamples=10), workers=1)
     assert outcome["skipped"] == [r.name for r in sweep.runs] and [g.stat().st_mtime_ns for g in grids] == made
-    outcome = launch(sweep, tmp_path, progress=False, evaluate=["-n", "12", "--resamples", "10"], workers=1)
+    outcome = launch(sweep, tmp_path, progress=False, grid=GridSettings(n=12, resamples=10), workers=1)
     assert not outcome["failed"] and all(json.loads(g.read_text())["examples"] == 12 for g in grids)
 
 
-def test_sweep_job_arguments():
-    assert split_arguments(["--train", "--task", "ar_32", "--evaluate", "a", "b", "--", "-n", "8"]) == \
-        (["--task", "ar_32"], ["a", "b"], ["-n", "8"])
-    assert split_arguments(["--evaluate", "a", "--", "-n", "8"]) == (None, ["a"], ["-n", "8"])
-    assert split_arguments(["--train", "--stack", "s.json"]) == (["--stack", "s.json"], [], [])
-    with pytest.raises(ValueError, match="unexpected '--task'"):
-        split_arguments(["--task", "ar_32", "--evaluate", "a"])
+def test_sweep_job_arguments(tmp_path, capsys):
     assert sweep_job_main(["--oops"]) == 2
+    assert "usage: python -m hf_mecheval.sweep_job JOB.json" in capsys.readouterr().err
+    job = write_job_file(tmp_path / "a.job.json", Run("a", {"task": "ar_32"}), tmp_path, None, None)
+    assert sweep_job_main([str(job), "--resume", "--overwrite"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
 
 
 def test_sweep_job_runs_no_grid_after_a_failed_training(tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    assert sweep_job_main(["--train", "--task", "ar_32", "--architecture", "no_such_mixer", "--output_dir",
-                           str(run_dir), "--evaluate", str(run_dir), "--", "-n", "8"]) == 2
+    args = {**BASE, "task": "ar_32", "architecture": "transformer", "max_position_embeddings": 4}   # too few positions
+    job = write_job_file(tmp_path / "r.job.json", Run("r", args), tmp_path, None, GridSettings(n=8))
+    assert sweep_job_main([str(job)]) == 2
     captured = capsys.readouterr()
-    assert "no_such_mixer" in captured.err and "=== mecheval evaluate" not in captured.out
+    assert "position embeddings" in captured.err and "=== mecheval evaluate" not in captured.out
+
+
+def test_a_job_file_is_checked_before_anything_starts(tmp_path, capsys):
+    from hf_mecheval.training.run import main as train_main
+
+    good = {"name": "a", "output_dir": str(tmp_path / "a"), "args": {"task": "ar_32"}}
+    for content, message in [
+            ({"runs": []}, "lists no runs"),
+            ({"runs": [good], "extra": 1}, "must be an object with the key runs"),
+            ({"runs": [good, {**good, "name": "b"}]}, "needs a stack_dir"),
+            ({"runs": [{**good, "args": {"architecture": "no_such_mixer"}}]}, "run a: architecture"),
+            ({"runs": [good], "grid": {"n": -1}}, "grid"),
+            ({"runs": [{**good, "args": {"learning_rat": 1}}]}, "did you mean 'learning_rate'")]:
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(content))
+        assert train_main(["--job", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, (content, err)
+    assert not (tmp_path / "a").exists()
 
 
 def test_sweep_command(tmp_path, capsys):
@@ -170,7 +195,7 @@ def test_sweep_command(tmp_path, capsys):
     # --only picks runs by name; --threads sets the threads of each training process
     assert mecheval(["sweep", str(path), "--out", str(tmp_path), "--dry-run", "--only", "*_lr0.01_*"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "mamba_lr0.01_s0 " + " ".join(Sweep.load(path).runs[0].flags()), "1 runs"]
+        "mamba_lr0.01_s0 " + " ".join(values_as_flags(Sweep.load(path).runs[0].args)), "1 runs"]
     assert mecheval(["sweep", str(path), "--out", str(tmp_path), "--only", "mamba_lr0.01_s0", "--workers", "1",
                      "--threads", "1"]) == 0
     assert "1 runs finished, 0 already done, 0 failed" in capsys.readouterr().out
@@ -354,7 +379,7 @@ def test_a_sweep_leaves_runs_in_use_to_their_process_and_says_so(tmp_path, capsy
     import yaml
 
     from hf_mecheval.cli import main
-    from hf_mecheval.io_utils import locked_folder
+    from hf_mecheval.locks import locked_folder
 
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text(yaml.safe_dump({"name": "tiny", "task": "ar_32", "defaults": BASE,
@@ -469,8 +494,8 @@ def test_a_sweep_file_anchor_bomb_is_refused_before_it_is_walked(tmp_path):
 
 def test_a_run_whose_grid_fails_is_reported_failed_and_keeps_its_training(tmp_path):
     sweep = tiny_sweep(architecture=["transformer"], learning_rate=[0.01])
-    grid = ["-n", "8", "--resamples", "10", "--sites", "layers.9.no_such_site"]
-    outcome = launch(sweep, tmp_path, progress=False, evaluate=grid, workers=1)
+    grid = GridSettings(n=8, resamples=10, sites=("layers.9.no_such_site",))
+    outcome = launch(sweep, tmp_path, progress=False, grid=grid, workers=1)
     (name,) = [r.name for r in sweep.runs]
     assert outcome["finished"] == [] and len(outcome["failed"]) == 1
     assert outcome["failed"][0].startswith(f"{name} (trained; its intervention grid failed: exit 2")

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 import hf_mecheval  # noqa: F401
 from hf_mecheval.errors import MechEvalError
 from hf_mecheval.training.command_line import parse
+from hf_mecheval.training.spec import RunSpec
 from hf_mecheval.training.run import main, train
 from hostile_inputs import BOMB
 
@@ -122,9 +123,9 @@ class StopAt(TrainerCallback):
 
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
     assert main(run_args(tmp_path / "whole", *SHORT)) == 0
-    args = parse(run_args(tmp_path / "broken", *SHORT))
+    args = RunSpec.from_flags(run_args(tmp_path / "broken", *SHORT))
     with pytest.raises(KeyboardInterrupt):
-        train(*args, callbacks=[StopAt(20)])
+        train(args, callbacks=[StopAt(20)])
     assert not (tmp_path / "broken" / "metrics.json").exists()
     assert main(run_args(tmp_path / "broken", *SHORT, "--resume")) == 0
     a = load_file(tmp_path / "whole" / "model.safetensors")
@@ -253,9 +254,9 @@ def test_overwrite_checks_the_new_run_before_removing_the_old(tmp_path, capsys):
 
 
 def test_corrupt_checkpoint_gives_a_clear_error(tmp_path, capsys):
-    args = parse(run_args(tmp_path / "run", *SHORT))
+    args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT))
     with pytest.raises(KeyboardInterrupt):
-        train(*args, callbacks=[StopAt(20)])
+        train(args, callbacks=[StopAt(20)])
     ckpt = tmp_path / "run" / "checkpoint-20"
     (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
     capsys.readouterr()
@@ -300,9 +301,9 @@ def test_two_processes_through_accelerate_launch(tmp_path):
 
 
 def test_corrupt_optimizer_state_gives_a_clear_error(tmp_path, capsys):
-    args = parse(run_args(tmp_path / "run", *SHORT))
+    args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT))
     with pytest.raises(KeyboardInterrupt):
-        train(*args, callbacks=[StopAt(20)])
+        train(args, callbacks=[StopAt(20)])
     (tmp_path / "run" / "checkpoint-20" / "optimizer.pt").write_bytes(b"garbage")
     capsys.readouterr()
     assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 2
@@ -311,9 +312,9 @@ def test_corrupt_optimizer_state_gives_a_clear_error(tmp_path, capsys):
 
 
 def test_resume_falls_back_past_a_checkpoint_whose_optimizer_state_is_damaged(tmp_path, capsys):
-    args = parse(run_args(tmp_path / "run", *SHORT, "--save_strategy", "steps", "--save_steps", "10"))
+    args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT, "--save_strategy", "steps", "--save_steps", "10"))
     with pytest.raises(KeyboardInterrupt):
-        train(*args, callbacks=[StopAt(20)])
+        train(args, callbacks=[StopAt(20)])
     optimizer = tmp_path / "run" / "checkpoint-20" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[: optimizer.stat().st_size // 2])      # a save cut short
     capsys.readouterr()
@@ -353,18 +354,18 @@ def test_gradient_checkpointing_flag_trains_the_same(tmp_path):
 
 def test_restoration_history_survives_a_resume(tmp_path):
     extra = ["--restoration_every_n_steps", "10", "--restoration_examples", "16"]
-    args = parse(run_args(tmp_path / "run", *SHORT, *extra))
+    args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT, *extra))
     with pytest.raises(KeyboardInterrupt):
-        train(*args, callbacks=[StopAt(20)])
+        train(args, callbacks=[StopAt(20)])
     assert main(run_args(tmp_path / "run", *SHORT, *extra, "--resume")) == 0
     history = json.loads((tmp_path / "run" / "restoration_history.json").read_text())
     assert [e["step"] for e in history] == [10, 20, 30, 40]
 
 
 def test_wall_time_adds_up_over_a_resume(tmp_path):
-    args = parse(run_args(tmp_path / "run", *SHORT))
+    args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT))
     with pytest.raises(KeyboardInterrupt):
-        train(*args, callbacks=[StopAt(20)])
+        train(args, callbacks=[StopAt(20)])
     saved = json.loads((tmp_path / "run" / "checkpoint-20" / "wall_time.json").read_text())
     assert saved["segments"] == 1 and saved["seconds"] > 0 and saved["cpu_seconds"] > 0
     assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 0
@@ -427,7 +428,7 @@ def test_a_run_that_diverges_is_marked_failed(tmp_path, capsys):
     process exits 1, metrics.json says why (strict JSON: the NaN losses are null), and no
     intervention grid is run on it."""
     from hf_mecheval.cli import main as mecheval
-    from hf_mecheval.io_utils import loads_finite
+    from hf_mecheval.inputs import loads_finite
 
     run = tmp_path / "run"
     assert main(run_args(run, *SHORT, "--learning_rate", "1e30")) == 1
@@ -478,14 +479,14 @@ def test_deep_json_in_a_flag_is_one_line(tmp_path, capsys):
 
 
 def test_yaml_aliases_within_bounds_still_read():
-    from hf_mecheval.io_utils import load_yaml
+    from hf_mecheval.inputs import load_yaml
 
     assert load_yaml("a: &x {lr: 1, seeds: [1, 2]}\nb: *x\n", "f") == {"a": {"lr": 1, "seeds": [1, 2]},
                                                                       "b": {"lr": 1, "seeds": [1, 2]}}
 
 
 def test_json_input_keeps_its_nulls():
-    from hf_mecheval.io_utils import loads_finite
+    from hf_mecheval.inputs import loads_finite
 
     assert loads_finite('{"a": null, "b": [null, 1, {"c": null}]}', "f") == {"a": None, "b": [None, 1, {"c": None}]}
 
@@ -500,7 +501,7 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path, capsys):
     run = tmp_path / "run"
     args = run_args(run, *SHORT, "--max_steps", "20", "--save_steps", "10", "--save_total_limit", "5")
     with pytest.raises(KeyboardInterrupt):
-        train(*parse(args), callbacks=[StopAt(20)])        # checkpoints 10 and 20 stay
+        train(RunSpec.from_flags(args), callbacks=[StopAt(20)])        # checkpoints 10 and 20 stay
     assert main([*args, "--resume"]) == 0
     assert mecheval(["evaluate", str(run), "-n", "8", "--resamples", "10"]) == 0
     listed = written(run)
