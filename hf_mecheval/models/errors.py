@@ -1,7 +1,7 @@
 """Error types that the command line turns into one clear line and a non-zero exit.
 
 They live in the models package so that it is self-contained: a checkpoint ships these files as
-its remote code (``remote_code.py``). The rest of hf-mecheval imports them from ``hf_mecheval.errors``.
+its remote code (``modeling_mecheval.remote_code_files``). The rest of hf-mecheval imports them from ``hf_mecheval.errors``.
 """
 
 

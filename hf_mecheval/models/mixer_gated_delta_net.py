@@ -19,7 +19,7 @@ gives a layer exactly our DeltaNet's state (one hidden x hidden matrix), so the 
 decay and the output gate, and keeps a training step within 3x of the Transformer's at hidden 64
 on a CPU (expand_v 2 with two heads measured 1.3-1.4x slower per step, 3.0-3.5x the Transformer,
 on the shared 2-core benchmark machine). flash-linear-attention scales q by dk^-1/2 inside its kernel; here o_t = S_t^T q_t
-unscaled (as in ``delta_net.py``): the per-head RMSNorm that follows removes any constant scale
+unscaled (as in ``mixer_delta_net.py``): the per-head RMSNorm that follows removes any constant scale
 (up to its eps).
 
 The six input projections run as one matmul and the three short convolutions as one

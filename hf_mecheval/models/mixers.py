@@ -28,7 +28,7 @@ A mixer is an ``nn.Module`` built as ``Mixer(config, layer_idx)`` with
   which the site vocabulary picks up by itself.
 
 The backbone maps the names used by ``config.layer_mixers()`` to classes (``MIXERS`` in
-``modeling_mecheval.py``).
+``registry.py``).
 """
 from __future__ import annotations
 

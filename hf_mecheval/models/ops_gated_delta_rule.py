@@ -104,7 +104,7 @@ def gated_delta_rule_chunked(q, k, v, g, beta, chunk_size: int, initial_state=No
     kb = beta[..., None] * k                                         # diag(beta) K
     eye = torch.eye(C, dtype=k.dtype, device=k.device)
     A = eye + ((kb @ k.transpose(-1, -2)) * decay).masked_fill(~strict, 0)    # (b, H, N, C, C)
-    # T = A^{-1}: solved against the identity on a 3-d batch, then matmuls (as in delta_net.py:
+    # T = A^{-1}: solved against the identity on a 3-d batch, then matmuls (as in ops_delta_rule.py:
     # much faster on a CPU than solving against the right-hand sides with 5-d batch dims), in at
     # least float32
     solve_dtype = torch.promote_types(A.dtype, torch.float32)
