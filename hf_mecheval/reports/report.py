@@ -10,7 +10,8 @@ Each run directory holds ``run.json`` and ``metrics.json`` (from ``mecheval trai
 * ``accuracy.png`` — test accuracy per run, or against width when several widths exist;
 * ``scatter_value_query.png`` / ``scatter_query_key.png`` — the mechanism plane of the paper;
 * ``layers.png`` — restoration at every layer's input (rows: runs; columns: layer x position);
-* ``conv_kernel.png`` — accuracy against the short-convolution width, when runs vary it;
+* ``conv_kernel.png`` — accuracy against the short-convolution width, one line per architecture
+  and learning rate, when runs vary it;
 * ``report.md`` — the table and the figures.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import MechEvalError  # noqa: E402
-from ..io_utils import write_text_atomic  # noqa: E402
+from ..atomic_files import write_text_atomic  # noqa: E402
 from ..runs.manifest import claim_output_folder, recording
 from ..runs import RunDir  # noqa: E402
 from ..runs.files import format_score, last_layer_summary  # noqa: E402
@@ -106,6 +107,20 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_tick_labels(rows: list[dict]) -> list[str]:
+    """Each run's label, with its learning rate and seed where runs would otherwise share one."""
+    labels = [r["label"] for r in rows]
+    out = []
+    for r, label in zip(rows, labels):
+        if labels.count(label) > 1:
+            extra = [f"lr {r['learning_rate']:g}"] if r.get("learning_rate") is not None else []
+            same_rate = [x for x in rows if x["label"] == label and x.get("learning_rate") == r.get("learning_rate")]
+            extra += [f"s{r.get('seed') or 0}"] if len(same_rate) > 1 else []
+            label = f"{label}, {', '.join(extra)}" if extra else label
+        out.append(label)
+    return out
+
+
 def figures(rows: list[dict], out: Path) -> list[Path]:
     made = []
     # accuracy: against width where widths vary, else one bar per run
@@ -120,7 +135,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.legend(fontsize=8)
     else:
         ax.bar(range(len(rows)), [100 * r["test_accuracy"] for r in rows], color="tab:blue")
-        ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=30, ha="right")
+        ax.set_xticks(range(len(rows)), run_tick_labels(rows), rotation=30, ha="right")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 105)
     ax.set_title("AR/ATR test accuracy")
@@ -158,13 +173,23 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         made.append(save_figure(fig, out / "layers.png"))
     kernels = [r for r in rows if r["architecture"] in ("mamba", "based") and r["conv_kernel"] is not None]
     if len({(r["architecture"], r["conv_kernel"]) for r in kernels}) > 2:
-        fig, ax = plt.subplots(figsize=(6, 4))
+        # one line per architecture and learning rate: a line never joins runs at different rates
+        widths = sorted({str(r["conv_kernel"]) for r in kernels}, key=lambda w: (not w.isdigit(), int(w) if w.isdigit() else 0, w))
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        markers = "osD^vP*X"
         for arch in sorted({r["architecture"] for r in kernels}):
-            pts = sorted((str(r["conv_kernel"]), r["test_accuracy"]) for r in kernels if r["architecture"] == arch)
-            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=arch)
+            rates = sorted({r.get("learning_rate") or 0 for r in kernels if r["architecture"] == arch})
+            color = None
+            for i, rate in enumerate(rates):
+                pts = sorted((widths.index(str(r["conv_kernel"])), r["test_accuracy"]) for r in kernels
+                             if r["architecture"] == arch and (r.get("learning_rate") or 0) == rate)
+                line, = ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker=markers[i % len(markers)],
+                                color=color, label=f"{arch}, lr {rate:g}")
+                color = line.get_color()          # one colour per architecture, one marker per rate
+        ax.set_xticks(range(len(widths)), widths)
         ax.set_xlabel("short convolution width")
         ax.set_ylabel("test accuracy (%)")
-        ax.legend()
+        ax.legend(fontsize=8)
         made.append(save_figure(fig, out / "conv_kernel.png"))
     return made
 

@@ -118,3 +118,13 @@ def test_the_quickstart_plan_is_read_from_its_experiment_file_with_every_key_che
         with pytest.raises(MechEvalError, match=message):
             QuickstartPlan.load()
 
+
+def test_bars_of_runs_that_share_a_label_name_their_rate_and_seed():
+    from hf_mecheval.reports.report import run_tick_labels
+
+    rows = [{"label": "mamba (conv 2)", "learning_rate": 0.01, "seed": 0},
+            {"label": "mamba (conv 2)", "learning_rate": 0.003, "seed": 0},
+            {"label": "mamba (conv 3)", "learning_rate": 0.01, "seed": 0},
+            {"label": "based", "learning_rate": 0.001, "seed": 0}, {"label": "based", "learning_rate": 0.001, "seed": 1}]
+    assert run_tick_labels(rows) == ["mamba (conv 2), lr 0.01", "mamba (conv 2), lr 0.003", "mamba (conv 3)",
+                                     "based, lr 0.001, s0", "based, lr 0.001, s1"]
