@@ -11,7 +11,7 @@ Each run directory holds ``run.json`` and ``metrics.json`` (from ``mecheval trai
 * ``scatter_value_query.png`` / ``scatter_query_key.png`` — the mechanism plane of the paper;
 * ``layers.png`` — restoration at every layer's input (rows: runs; columns: layer x position);
 * ``conv_kernel.png`` — accuracy against the short-convolution width, one line per architecture
-  and learning rate, when runs vary it;
+  and learning rate through the mean over seeds (each seed a small point), when runs vary it;
 * ``report.md`` — the table and the figures.
 """
 from __future__ import annotations
@@ -181,11 +181,18 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
             rates = sorted({r.get("learning_rate") or 0 for r in kernels if r["architecture"] == arch})
             color = None
             for i, rate in enumerate(rates):
-                pts = sorted((widths.index(str(r["conv_kernel"])), r["test_accuracy"]) for r in kernels
-                             if r["architecture"] == arch and (r.get("learning_rate") or 0) == rate)
-                line, = ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker=markers[i % len(markers)],
+                by_width: dict[int, list[float]] = {}
+                for r in kernels:
+                    if r["architecture"] == arch and (r.get("learning_rate") or 0) == rate:
+                        by_width.setdefault(widths.index(str(r["conv_kernel"])), []).append(100 * r["test_accuracy"])
+                xs = sorted(by_width)
+                # the line joins the mean over seeds at each width; each seed is a small point
+                line, = ax.plot(xs, [sum(by_width[x]) / len(by_width[x]) for x in xs], marker=markers[i % len(markers)],
                                 color=color, label=f"{arch}, lr {rate:g}")
                 color = line.get_color()          # one colour per architecture, one marker per rate
+                seeds = [(x, v) for x in xs if len(by_width[x]) > 1 for v in by_width[x]]
+                if seeds:
+                    ax.scatter([x for x, _ in seeds], [v for _, v in seeds], s=12, color=color, alpha=0.5)
         ax.set_xticks(range(len(widths)), widths)
         ax.set_xlabel("short convolution width")
         ax.set_ylabel("test accuracy (%)")
