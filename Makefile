@@ -7,6 +7,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_CPU_VERSION ?= 2.13.0
+# test processes (pytest-xdist): one per core; each takes its share of the cores free when the
+# session starts, and its threads sleep when they wait (tests/conftest.py)
+TEST_WORKERS ?= auto
 STAMP  := $(VENV)/.installed
 
 .PHONY: venv test quickstart clean
@@ -27,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 # transformers' common model tests come from its release's source distribution (hash-checked)
 test: $(STAMP)
 	$(PY) tests/hf_common/fetch.py
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q --durations=15
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS)
 
 # The main job: 8 models on a reduced AR setting, interventions, report (runs/quickstart/).
 quickstart: $(STAMP)

@@ -7,6 +7,7 @@ the test that tried, even where a library swallows the refusal (Ray's usage stat
 client retrying)."""
 import importlib.util
 import os
+import sys
 import tempfile
 
 import pytest
@@ -19,10 +20,35 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"      # inherited by every process a test starts
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _free_cores() -> int:
+    """The cores other work leaves free as the session starts: the cores less the 1-minute load
+    average (rounded), at least one."""
+    cores = os.cpu_count() or 1
+    try:
+        busy = round(os.getloadavg()[0])
+    except OSError:                       # no load average on this platform
+        busy = 0
+    return max(1, min(cores, cores - busy))
+
+
+# Threads (set before torch is imported; a value already in the environment is kept). Beside other
+# work, OpenMP threads that spin while they wait for each other lose whole scheduler slices to it
+# (benchmarks/bench_busy_machine.py: a 2-thread step several times slower), so the suite's
+# threads sleep when they wait, and each test process takes the cores free when the session
+# starts, shared among pytest-xdist's workers. Every process a test starts inherits both.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OMP_NUM_THREADS",
+                      str(max(1, _free_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+
 _GUARD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "network_guard")
-_spec = importlib.util.spec_from_file_location("mecheval_network_guard", os.path.join(_GUARD_DIR, "sitecustomize.py"))
-network_guard = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(network_guard)
+network_guard = sys.modules.get("sitecustomize")
+if getattr(network_guard, "LOG_ENV", None) != "MECHEVAL_TEST_NETWORK_LOG":
+    _spec = importlib.util.spec_from_file_location("mecheval_network_guard", os.path.join(_GUARD_DIR, "sitecustomize.py"))
+    network_guard = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(network_guard)
+# else: a pytest-xdist worker, which the controller started as a process of its own: the guard
+# came in at its start-up (sitecustomize) and is the one installed; this process is pytest now
 
 network_guard.install(pytest_pid=os.getpid())
 _outside = network_guard.outside
@@ -38,6 +64,14 @@ def _subprocess_attempts() -> list[str]:
             return handle.read().splitlines()
     except FileNotFoundError:
         return []
+
+
+@pytest.fixture
+def guard():
+    """The network guard this session installed: ``guard.outside`` (what this process tried),
+    ``guard.LOG_ENV``. A fixture, not ``import conftest``: under pytest-xdist that import is
+    another module than the conftest pytest loaded, with a guard of its own."""
+    return network_guard
 
 
 @pytest.fixture(autouse=True)

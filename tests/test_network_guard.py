@@ -9,17 +9,15 @@ import types
 
 import pytest
 
-import conftest
 
-
-def test_the_guard_refuses_addresses_outside_this_machine():
+def test_the_guard_refuses_addresses_outside_this_machine(guard):
     sock = socket.socket()
     sock.settimeout(1)
     with pytest.raises(ConnectionRefusedError):
         sock.connect(("192.0.2.1", 80))           # TEST-NET-1: reserved, never anyone's host
     assert sock.connect_ex(("192.0.2.1", 80)) != 0
-    assert conftest._outside == [("192.0.2.1", 80)] * 2
-    conftest._outside.clear()                    # this test made the attempts on purpose
+    assert guard.outside == [("192.0.2.1", 80)] * 2
+    guard.outside.clear()                        # this test made the attempts on purpose
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -30,7 +28,7 @@ def test_the_guard_refuses_addresses_outside_this_machine():
     sock.close()
 
 
-def test_the_guard_holds_in_processes_a_test_starts(tmp_path):
+def test_the_guard_holds_in_processes_a_test_starts(tmp_path, guard):
     """Every Python process a test starts loads the same guard (PYTHONPATH, sitecustomize) and
     records what it tried in the file conftest.py reads after each test (here a file of its own,
     since the attempt is on purpose)."""
@@ -38,7 +36,7 @@ def test_the_guard_holds_in_processes_a_test_starts(tmp_path):
     probe = ("import socket\ns = socket.socket()\ntry:\n    s.connect(('192.0.2.1', 80))\n"
              "except ConnectionRefusedError as e:\n    print('refused', e)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, conftest.network_guard.LOG_ENV: str(log)})
+                          env={**os.environ, guard.LOG_ENV: str(log)})
     assert done.stdout.startswith("refused") and "outside this machine" in done.stdout, done
     (attempt,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert attempt["address"] == "('192.0.2.1', 80)"
@@ -79,7 +77,7 @@ def test_the_ray_launcher_refuses_a_local_cluster_where_it_cannot_close_the_netw
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="network namespaces are Linux's")
-def test_a_closed_command_sees_only_loopback_and_reaches_nothing_else():
+def test_a_closed_command_sees_only_loopback_and_reaches_nothing_else(guard):
     from hf_mecheval import closed_network
 
     if closed_network.unavailable():
@@ -89,7 +87,7 @@ def test_a_closed_command_sees_only_loopback_and_reaches_nothing_else():
              "socket.create_connection(server.getsockname(), timeout=5).close()\n"
              "try:\n    socket.create_connection(('192.0.2.1', 80), timeout=5)\n"
              "except OSError as e:\n    print(e.errno)\n")
-    env = {k: v for k, v in os.environ.items() if k != conftest.network_guard.LOG_ENV}
+    env = {k: v for k, v in os.environ.items() if k != guard.LOG_ENV}
     done = subprocess.run(closed_network.closed_command([sys.executable, "-c", probe]), capture_output=True,
                           text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr

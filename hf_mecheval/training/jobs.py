@@ -154,7 +154,10 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
     and the command."""
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    # threads sleep when they wait (unless the environment says otherwise): beside other work, a
+    # training whose threads spin for each other loses half its speed (benchmarks/bench_busy_machine.py)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
     if isinstance(job, Stack):
