@@ -175,17 +175,12 @@ def _print_failed(outcome: dict) -> None:
 
 # ------------------------------------------------------------------------------ interventions
 def _evaluate(args: argparse.Namespace) -> int:
-    from .reports.evaluate_run import evaluate_run
-    from .runs.files import format_score as fmt, last_layer_summary
+    from .reports.evaluate_run import evaluate_run, summary_lines
 
     result = evaluate_run(args.run_dir, out=args.out, n=args.n, split=args.split, seed=args.seed,
                           sites=args.sites, batch_size=args.batch_size, n_resamples=args.resamples,
                           overwrite=args.overwrite)
-    row = last_layer_summary(result)
-    print(f"{args.split} document 0: {result['run']['example']}")
-    print(f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {fmt(row['@key'])} "
-          f"@value {fmt(row['@value'])} @query {fmt(row['@query'])} -> {row['mechanism']} ({row['confidence']})")
-    print(f"reason: {row['reason']}")
+    print("\n".join(summary_lines(result)))
     return 0
 
 

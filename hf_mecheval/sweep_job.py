@@ -22,9 +22,8 @@ USAGE = "python -m hf_mecheval.sweep_job JOB.json [--resume | --overwrite]"
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .errors import MechEvalError
-    from .reports.evaluate_run import evaluate_run
+    from .reports.evaluate_run import evaluate_run, summary_lines
     from .runs import RunDir
-    from .runs.files import format_score, last_layer_summary
     from .training.run import job_arguments, train_job_file, training_command
 
     follow_parent()              # started by a sweep: stop with it
@@ -48,8 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"=== mecheval evaluate {spec.output_dir} {' '.join(job.grid.flags())}"
               f"{' --overwrite' if run.evaluated else ''}", flush=True)
+        grid = job.grid
         try:
-            grid = job.grid
             result = evaluate_run(spec.output_dir, n=grid.n, split=grid.split, seed=grid.seed,
                                   sites=list(grid.sites) if grid.sites else None, n_resamples=grid.resamples,
                                   overwrite=run.evaluated)
@@ -57,10 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"mecheval evaluate: error: {exc}", file=sys.stderr)
             returncode = returncode or 2
             continue
-        row = last_layer_summary(result)
-        print(f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {format_score(row['@key'])} "
-              f"@value {format_score(row['@value'])} @query {format_score(row['@query'])} -> {row['mechanism']}",
-              flush=True)
+        print("\n".join(summary_lines(result)), flush=True)
     return returncode
 
 

@@ -18,7 +18,7 @@ from ..resources import check_memory
 from ..tasks.presets import get_preset, task_from_dict
 from . import plots
 from ..runs import RunDir
-from ..runs.files import GridSettings
+from ..runs.files import GridSettings, format_score, last_layer_summary
 from ..runs.manifest import claim_output_folder, recording
 from ..runs.model_card import write_model_card
 from ..runs.files import RESTORATION_HISTORY
@@ -156,6 +156,17 @@ def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 32
             write_model_card(run_dir)      # the card now carries the restoration scores and the label
         # a grid written elsewhere (--out) leaves the run directory as it was
         return result
+
+
+def summary_lines(result: dict) -> list[str]:
+    """What ``mecheval evaluate`` (and a sweep's job, into its log) prints of a grid: the run's
+    first document answered, the last layer's restoration scores with the mechanism, and why."""
+    row = last_layer_summary(result)
+    return [f"{result['run']['split']} document 0: {result['run']['example']}",
+            f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {format_score(row['@key'])} "
+            f"@value {format_score(row['@value'])} @query {format_score(row['@query'])} -> {row['mechanism']} "
+            f"({row['confidence']})",
+            f"reason: {row['reason']}"]
 
 
 def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples, progress) -> dict:
