@@ -13,9 +13,10 @@ points the first time a name is not among the registered ones: ``plugins.py``).
 Every module here but this one, ``plugins.py`` and ``stacked.py`` is the models' self-contained code
 (relative imports only, within this folder), which a saved model carries as its remote code.
 """
-from .configuration_mecheval import (MechEvalBaseConvConfig, MechEvalBasedConfig, MechEvalConfig, MechEvalDeltaNetConfig,
-                                     MechEvalGatedDeltaNetConfig, MechEvalH3Config, MechEvalHyenaConfig, MechEvalMamba2Config,
-                                     MechEvalMambaConfig, MechEvalTransformerConfig)
+from .builtin_architectures import (MechEvalBaseConvConfig, MechEvalBasedConfig, MechEvalDeltaNetConfig,
+                                    MechEvalGatedDeltaNetConfig, MechEvalH3Config, MechEvalHyenaConfig, MechEvalMamba2Config,
+                                    MechEvalMambaConfig, MechEvalTransformerConfig)
+from .configuration_mecheval import MechEvalConfig
 from .modeling_mecheval import MODEL_CLASSES, MechEvalForCausalLM, MechEvalModel, auto_map, save_remote_code
 from .plugins import architecture_names, get_architecture, load_plugins, require_checkpoint_architecture
 from .registry import ARCHITECTURES, MIXERS, TINY_SIZES, ArchitectureSpec, on_register, register_architecture

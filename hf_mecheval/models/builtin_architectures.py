@@ -1,17 +1,22 @@
 """The built-in architectures: importing each mixer file registers its architecture
-(``register_architecture`` at its end, as a plug-in does).
+(``register_architecture`` at its end, as a plug-in does), and each config class comes from the
+mixer file it configures.
 
 These are static ``from .x import`` lines on purpose: transformers copies a checkpoint's remote
 code by following exactly such relative imports from ``modeling_mecheval.py``, so a mixer file
 that is not named here is neither registered nor carried by saved checkpoints. A new built-in
-mixer file adds one line here.
+mixer file adds one line here (and its class pair in ``modeling_mecheval.py``).
 """
-from .mixer_attention import CausalSelfAttention  # noqa: F401
-from .mixer_base_conv import BaseConv  # noqa: F401
-from .mixer_based import BasedLinearAttention  # noqa: F401
-from .mixer_h3 import H3Reference  # noqa: F401
-from .mixer_hyena import HyenaOperator  # noqa: F401
-from .mixer_mamba import MambaMixer  # noqa: F401
-from .mixer_delta_net import DeltaNetMixer  # noqa: F401
-from .mixer_mamba2 import Mamba2Mixer  # noqa: F401
-from .mixer_gated_delta_net import GatedDeltaNetMixer  # noqa: F401
+from .mixer_transformer import MechEvalTransformerConfig
+from .mixer_baseconv import MechEvalBaseConvConfig
+from .mixer_based import MechEvalBasedConfig
+from .mixer_h3 import MechEvalH3Config
+from .mixer_hyena import MechEvalHyenaConfig
+from .mixer_mamba import MechEvalMambaConfig
+from .mixer_deltanet import MechEvalDeltaNetConfig
+from .mixer_mamba2 import MechEvalMamba2Config
+from .mixer_gated_deltanet import MechEvalGatedDeltaNetConfig
+
+__all__ = ["MechEvalTransformerConfig", "MechEvalBaseConvConfig", "MechEvalBasedConfig", "MechEvalH3Config",
+           "MechEvalHyenaConfig", "MechEvalMambaConfig", "MechEvalDeltaNetConfig", "MechEvalMamba2Config",
+           "MechEvalGatedDeltaNetConfig"]

@@ -21,9 +21,52 @@ import torch
 from torch import nn
 
 from .sites import Site, through_state_site
-from .configuration_mecheval import MechEvalBasedConfig
-from .mixer_base_conv import BaseConv
+from .configuration_mecheval import MechEvalConfig, FILTER_FORMS, check_choice, check_divides_hidden, check_int
+from .mixer_baseconv import BaseConv, default_long_filter_order
 from .registry import ArchitectureSpec, register_architecture
+
+
+class MechEvalBasedConfig(MechEvalConfig):
+    """Alternating layers: even layers BaseConv (short conv of ``short_conv_kernel``, or an implicit
+    long convolution when it is ``"long"``), odd layers Based linear attention (2nd-order Taylor
+    feature map)."""
+
+    model_type = "mecheval-based"
+    short_conv_kernel: int | str = 3
+    feature_dim: int = 8
+    num_attention_heads: int = 1
+    long_conv_form: str = "reference"
+    """Form of the implicit long convolution (``short_conv_kernel`` "long"): "reference" = the
+    reference's: h ∗ u + u with h an MLP Linear - ReLU - Linear over fixed positional features;
+    "mecheval-v1" = hf-mecheval's first: h ∗ u + a trainable bias, h a sine MLP (the checkpoints
+    made before this field existed). See ``mixer_baseconv.py``."""
+    long_filter_order: int | None = None
+    """Width of the MLP that parameterises implicit long filters; default: the form's
+    (``LONG_FILTER_ORDER``: 16 for "reference", as the reference; 64 for "mecheval-v1")."""
+    max_filter_length: int = 1024
+    """Longest sequence an implicit long filter is defined for."""
+
+    LEGACY_FIELDS = {**MechEvalConfig.LEGACY_FIELDS, "long_conv_form": "mecheval-v1"}
+
+    def __post_init__(self, **kwargs):
+        default_long_filter_order(self)
+        super().__post_init__(**kwargs)
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if self.short_conv_kernel != "long":
+            check_int(self, "short_conv_kernel", allowed=(1, 2, 3, 4, 5, 6, 7, 8))
+        check_int(self, "feature_dim", minimum=1)
+        check_choice(self, "long_conv_form", FILTER_FORMS)
+        check_int(self, "long_filter_order", minimum=1)
+        check_int(self, "max_filter_length", minimum=2)
+        check_divides_hidden(self, "num_attention_heads")
+
+    def layer_mixers(self) -> list[str]:
+        return ["baseconv" if i % 2 == 0 else "based" for i in range(self.num_hidden_layers)]
+
+    def conv_kernel_for_layer(self, layer: int) -> int | str:
+        return self.short_conv_kernel
 
 EPS = 1e-12
 
@@ -106,7 +149,7 @@ class BasedLinearAttention(nn.Module):
 
 # Based alternates BaseConv (even layers) with this linear attention (odd layers)
 register_architecture(ArchitectureSpec(
-    name="based", config_class=MechEvalBasedConfig, mixers={"base_conv": BaseConv, "based": BasedLinearAttention},
+    name="based", config_class=MechEvalBasedConfig, mixers={"baseconv": BaseConv, "based": BasedLinearAttention},
     class_stem="Based", tiny_config={"feature_dim": 4, "max_filter_length": 16},
     test_variants=({"short_conv_kernel": "long", "long_filter_order": 8},
                    {"short_conv_kernel": "long", "long_filter_order": 8, "long_conv_form": "mecheval-v1"})))

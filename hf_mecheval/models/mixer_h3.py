@@ -106,100 +106,46 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .convolutions import ShortConv, causal_conv
+from .convolutions import ShortConv
+from .ops_long_conv import causal_conv
+from .ops_ssm_taps import ConjugatePairTaps, PowerSumTaps
 from .sites import Site, through_state_site
-from .mixers import at_positions, fold_copies, zero_padding
-from .configuration_mecheval import MechEvalH3Config
+from .mixers import at_positions, zero_padding
+from .errors import ConfigError
+from .configuration_mecheval import MechEvalConfig, FILTER_FORMS, check_choice, check_divides_hidden, check_int
 from .registry import ArchitectureSpec, register_architecture
 
 
-def _horner(G: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """P(a) = sum_l G[:, l] a^l and P'(a) by Horner's rule, accumulated in place in L steps:
-    G (C, L) real, a (C, N) real or complex -> (P, P') (C, N), a's dtype."""
-    L = G.shape[1]
-    P = G[:, L - 1, None].to(a.dtype).expand_as(a).clone()        # Horner from the highest power
-    dP = torch.zeros_like(a)
-    for l in range(L - 2, -1, -1):
-        dP.mul_(a).add_(P)
-        P.mul_(a).add_(G[:, l, None])
-    return P, dP
+class MechEvalH3Config(MechEvalConfig):
+    """H3: shift SSM on K, diagonal SSM on K·V (per head, head_dim x head_dim), Q gating."""
 
+    model_type = "mecheval-h3"
+    d_state: int = 1024
+    """State size N of the diagonal SSM (in the "reference" form N/2 complex modes, as the
+    reference's S4D kernel) and length of the shift SSM's register."""
+    head_dim: int = 2
+    ssm_form: str = "reference"
+    """Form of the two SSMs. "reference" = the paper's reference code's (its zoology fork's ``H3``
+    with empty ``kernel_args``): a shift SSM with trainable B and C plus its own skip ``ssm_k_D``
+    on K; an S4D-Lin diagonal SSM (complex, A = -1/2 + iπn, N/2 modes, bilinear discretisation)
+    and a skip D per head, shared by the head's head_dim x head_dim outer-product channels.
+    "mecheval-v1" = hf-mecheval's first: the shift SSM as a short convolution of width d_state
+    (no separate skip), a real S4D diagonal SSM (A = -(n+1), zero-order hold) and a skip per model
+    channel (the checkpoints made before this field existed). See the module's docstring."""
 
-class PowerSumTaps(torch.autograd.Function):
-    """taps[c, l] = sum_n w[c, n] * a[c, n]^l for l < L: w, a (C, N) -> (C, L).
+    LEGACY_FIELDS = {**MechEvalConfig.LEGACY_FIELDS, "ssm_form": "mecheval-v1"}
 
-    Forward by repeated multiplication; backward by Horner's rule on the polynomial
-    P(a) = sum_l G[:, l] a^l (G = dLoss/dtaps): dL/dw = P(a), dL/da = w P'(a), both accumulated in
-    place in L steps — instead of an autograd graph of L products and sums, which made this small
-    kernel a fifth of an H3 training step on a CPU. Tested against exp(l log a) (gradcheck)."""
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        check_int(self, "d_state", minimum=1)
+        check_divides_hidden(self, "head_dim")
+        check_choice(self, "ssm_form", FILTER_FORMS)
+        if self.ssm_form == "reference" and self.d_state < 2:
+            raise ConfigError("d_state", f"must be >= 2 in the reference form (d_state / 2 complex modes), "
+                                         f"got {self.d_state}")
 
-    @staticmethod
-    def forward(w: torch.Tensor, a: torch.Tensor, L: int) -> torch.Tensor:
-        taps = w.new_empty(w.shape[0], L)
-        p = w.clone()
-        for l in range(L):
-            torch.sum(p, dim=-1, out=taps[:, l])
-            if l + 1 < L:
-                p.mul_(a)
-        return taps
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        w, a, L = inputs
-        ctx.save_for_backward(w, a)
-
-    @staticmethod
-    def backward(ctx, G: torch.Tensor):
-        w, a = ctx.saved_tensors
-        P, dP = _horner(G, a)
-        return P, w * dP, None
-
-    @staticmethod
-    def vmap(info, in_dims, w, a, L):
-        # stacked copies: every channel is independent, so fold the copies into the channels
-        K = info.batch_size
-        taps = PowerSumTaps.apply(*fold_copies(K, (w, a), in_dims[:2]), L)
-        return taps.view(K, -1, L), 0
-
-
-class ConjugatePairTaps(torch.autograd.Function):
-    """taps[c, l] = 2 Re sum_n w[c, n] * a[c, n]^l for l < L: w, a (C, n) complex -> (C, L) real
-    (the kernel of n conjugate pairs of modes, as the reference's ``log_vandermonde``).
-
-    As :class:`PowerSumTaps`, forward by repeated multiplication and backward by Horner's rule on
-    P(a) = sum_l G[:, l] a^l (G = dLoss/dtaps, real): the taps are holomorphic in w and a up to
-    the real part, so in PyTorch's convention (the gradient of a real loss with respect to a complex
-    z is dL/dRe z + i dL/dIm z) dL/dw = 2 conj(P(a)) and dL/da = 2 conj(w P'(a)). Memory O(C n)
-    instead of the (C, n, L) complex Vandermonde matrix exp(l log a) (``DiagonalSSM.kernel_vandermonde``,
-    the readable form, against which it is tested by gradcheck)."""
-
-    @staticmethod
-    def forward(w: torch.Tensor, a: torch.Tensor, L: int) -> torch.Tensor:
-        taps = w.real.new_empty(w.shape[0], L)
-        p = w.clone()
-        for l in range(L):
-            torch.sum(p.real, dim=-1, out=taps[:, l])
-            if l + 1 < L:
-                p.mul_(a)
-        return taps.mul_(2)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        w, a, L = inputs
-        ctx.save_for_backward(w, a)
-
-    @staticmethod
-    def backward(ctx, G: torch.Tensor):
-        w, a = ctx.saved_tensors
-        P, dP = _horner(G, a)
-        return 2 * P.conj(), 2 * (w * dP).conj(), None
-
-    @staticmethod
-    def vmap(info, in_dims, w, a, L):
-        # stacked copies: every channel is independent, so fold the copies into the channels
-        K = info.batch_size
-        taps = ConjugatePairTaps.apply(*fold_copies(K, (w, a), in_dims[:2]), L)
-        return taps.view(K, -1, L), 0
+    def layer_mixers(self) -> list[str]:
+        return ["h3" if self.ssm_form == "reference" else "h3_v1"] * self.num_hidden_layers
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:

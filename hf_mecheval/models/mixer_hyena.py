@@ -26,11 +26,52 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .convolutions import HyenaFilter, ImplicitFilter, ShortConv, causal_conv
+from .convolutions import HyenaFilter, ImplicitFilter, ShortConv
 from .mixers import zero_padding
+from .ops_long_conv import causal_conv
 from .sites import Site
-from .configuration_mecheval import MechEvalHyenaConfig
+from .errors import ConfigError
+from .configuration_mecheval import MechEvalConfig, FILTER_FORMS, check_choice, check_float, check_int
 from .registry import ArchitectureSpec, register_architecture
+
+
+class MechEvalHyenaConfig(MechEvalConfig):
+    """Order-2 Hyena: short depthwise conv on a 3d in-projection, implicit long filter (positional
+    MLP with sine activations, exponential decay), FFT convolution."""
+
+    model_type = "mecheval-hyena"
+    short_conv_kernel: int = 3
+    filter_form: str = "reference"
+    """Form of the implicit filter and long convolution. "reference" = the paper's reference code's:
+    no skip term (h ∗ v), an MLP with two inner layers and one shared sine frequency over
+    trainable positional features, decay slowest in channel 0; "mecheval-v1" = hf-mecheval's
+    first: a trainable skip (h ∗ v + bias * v), one inner layer, two sine frequencies, fixed
+    features, decay fastest in channel 0 (the checkpoints made before this field existed). See
+    the module's docstring."""
+    filter_order: int = 64
+    """Width of the filter's MLP."""
+    filter_emb_dim: int = 3
+    """Positional features the filter's MLP reads: the time and (emb_dim - 1) / 2 sine/cosine pairs."""
+    filter_sine_freq: float = 1.0
+    """Initial frequency of the filter's sine activations."""
+    max_filter_length: int = 1024
+    """Longest sequence the implicit filter is defined for."""
+
+    LEGACY_FIELDS = {**MechEvalConfig.LEGACY_FIELDS, "filter_form": "mecheval-v1"}
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        check_int(self, "short_conv_kernel", minimum=1)
+        check_choice(self, "filter_form", FILTER_FORMS)
+        check_int(self, "filter_order", minimum=1)
+        check_int(self, "filter_emb_dim", minimum=3)
+        if self.filter_emb_dim % 2 == 0:
+            raise ConfigError("filter_emb_dim", f"must be odd (time + sin/cos pairs), got {self.filter_emb_dim}")
+        check_float(self, "filter_sine_freq", minimum=0, exclusive=True)
+        check_int(self, "max_filter_length", minimum=2)
+
+    def layer_mixers(self) -> list[str]:
+        return ["hyena"] * self.num_hidden_layers
 
 
 class HyenaOperator(nn.Module):

@@ -29,8 +29,52 @@ from .convolutions import ShortConv
 from .sites import Site, through_state_site
 from .mixers import at_positions, zero_padding
 from .ops_selective_scan import ScanWorkspace, linear_scan, selective_scan, selective_scan_at
-from .configuration_mecheval import MechEvalMambaConfig
+from .errors import ConfigError
+from .configuration_mecheval import MechEvalConfig, check_float, check_int
 from .registry import ArchitectureSpec, register_architecture
+
+
+class MechEvalMambaConfig(MechEvalConfig):
+    """Selective SSM (Mamba-1) blocks with RMSNorm and no MLP."""
+
+    model_type = "mecheval-mamba"
+    d_state: int = 16
+    expand: int = 2
+    conv_kernel: int = 4
+    """Width of the depthwise causal short convolution; 0 = no convolution at all."""
+    dt_rank: int | str = "auto"
+    """Rank of the dt projection; "auto" = ceil(hidden_size / 16)."""
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+
+    use_mlp = False
+    block_norm = "rmsnorm"
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        check_int(self, "d_state", minimum=1)
+        check_int(self, "expand", minimum=1)
+        check_int(self, "conv_kernel", minimum=0, maximum=16)
+        if self.dt_rank != "auto":
+            check_int(self, "dt_rank", minimum=1)
+        check_float(self, "dt_min", minimum=0, exclusive=True)
+        check_float(self, "dt_max", minimum=self.dt_min)
+        check_float(self, "dt_init_floor", minimum=0)
+        if self.kernels == "cuda" and self.conv_kernel not in (0, 2, 3, 4):
+            raise ConfigError("conv_kernel", f"the CUDA path (causal-conv1d) runs widths 2, 3, 4 (or 0 = none), "
+                                             f"got {self.conv_kernel}; use kernels='torch' or 'auto'")
+
+    @property
+    def intermediate_ssm_size(self) -> int:
+        return self.expand * self.hidden_size
+
+    @property
+    def time_step_rank(self) -> int:
+        return math.ceil(self.hidden_size / 16) if self.dt_rank == "auto" else self.dt_rank
+
+    def layer_mixers(self) -> list[str]:
+        return ["mamba"] * self.num_hidden_layers
 
 
 class MambaMixer(nn.Module):

@@ -38,8 +38,62 @@ from .norms import GatedRMSNorm
 from .ops_short_conv import short_conv
 from .ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from .sites import Site, through_state_site
-from .configuration_mecheval import MechEvalMamba2Config
+from .errors import ConfigError
+from .configuration_mecheval import MechEvalConfig, check_float, check_int
 from .registry import ArchitectureSpec, register_architecture
+
+
+class MechEvalMamba2Config(MechEvalConfig):
+    """Mamba-2 (SSD) blocks with RMSNorm and no MLP, as Mamba: a selective SSM whose decay is one
+    scalar per head and step (mamba-ssm's Mamba2 defaults, head size and state scaled to these
+    widths; see the module's docstring)."""
+
+    model_type = "mecheval-mamba2"
+    d_state: int = 64
+    """State size N per head (mamba-ssm: 128)."""
+    expand: int = 2
+    head_dim: int = 16
+    """Channels per SSM head (mamba-ssm: 64); heads = expand * hidden_size / head_dim."""
+    n_groups: int = 1
+    """Groups of heads that share B and C (and a norm group)."""
+    conv_kernel: int = 4
+    """Width of the depthwise causal short convolution on [x, B, C]; 0 = no convolution at all."""
+    chunk_size: int = 64
+    """Steps per chunk of the chunked SSD (the PyTorch path); does not change the result."""
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+
+    use_mlp = False
+    block_norm = "rmsnorm"
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        check_int(self, "d_state", minimum=1)
+        check_int(self, "expand", minimum=1)
+        check_int(self, "head_dim", minimum=1)
+        if self.intermediate_ssm_size % self.head_dim:
+            raise ConfigError("head_dim", f"must divide expand * hidden_size ({self.intermediate_ssm_size}), "
+                                          f"got {self.head_dim}")
+        check_int(self, "n_groups", minimum=1)
+        if self.num_ssm_heads % self.n_groups:
+            raise ConfigError("n_groups", f"must divide the number of heads ({self.num_ssm_heads}), got {self.n_groups}")
+        check_int(self, "conv_kernel", minimum=0, maximum=16)
+        check_int(self, "chunk_size", minimum=1)
+        check_float(self, "dt_min", minimum=0, exclusive=True)
+        check_float(self, "dt_max", minimum=self.dt_min)
+        check_float(self, "dt_init_floor", minimum=0, exclusive=True)
+
+    @property
+    def intermediate_ssm_size(self) -> int:
+        return self.expand * self.hidden_size
+
+    @property
+    def num_ssm_heads(self) -> int:
+        return self.intermediate_ssm_size // self.head_dim
+
+    def layer_mixers(self) -> list[str]:
+        return ["mamba2"] * self.num_hidden_layers
 
 KERNEL_CHUNK_SIZE = 256   # mamba-ssm's default; the chunking changes the blocking, not the result
 

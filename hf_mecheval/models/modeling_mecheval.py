@@ -41,7 +41,9 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.generic import can_return_tuple
 
-from .builtin_architectures import CausalSelfAttention  # noqa: F401  (registers every built-in architecture)
+from .builtin_architectures import (MechEvalBaseConvConfig, MechEvalBasedConfig, MechEvalDeltaNetConfig,
+                                    MechEvalGatedDeltaNetConfig, MechEvalH3Config, MechEvalHyenaConfig,
+                                    MechEvalMamba2Config, MechEvalMambaConfig, MechEvalTransformerConfig)
 from .configuration_mecheval import MechEvalConfig
 from .errors import MechEvalError
 from .mixers import at_positions
@@ -485,26 +487,122 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
 
 
 # ------------------------------------------------------------- one class pair per architecture
+# config.json's "architectures" and "auto_map" name these classes, and transformers' Auto classes
+# map each config class to them (``models/__init__.py``). A built-in architecture's pair is written
+# out here; a plug-in's is made when it registers (``_add_model_classes``): its checkpoints carry
+# no remote code, so its classes need no name in this module.
+
+class MechEvalTransformerModel(MechEvalModel):
+    """The transformer backbone."""
+    config_class = MechEvalTransformerConfig
+
+
+class MechEvalTransformerForCausalLM(MechEvalForCausalLM):
+    """The transformer causal LM."""
+    config_class = MechEvalTransformerConfig
+
+
+class MechEvalBasedModel(MechEvalModel):
+    """The based backbone."""
+    config_class = MechEvalBasedConfig
+
+
+class MechEvalBasedForCausalLM(MechEvalForCausalLM):
+    """The based causal LM."""
+    config_class = MechEvalBasedConfig
+
+
+class MechEvalBaseConvModel(MechEvalModel):
+    """The baseconv backbone."""
+    config_class = MechEvalBaseConvConfig
+
+
+class MechEvalBaseConvForCausalLM(MechEvalForCausalLM):
+    """The baseconv causal LM."""
+    config_class = MechEvalBaseConvConfig
+
+
+class MechEvalH3Model(MechEvalModel):
+    """The h3 backbone."""
+    config_class = MechEvalH3Config
+
+
+class MechEvalH3ForCausalLM(MechEvalForCausalLM):
+    """The h3 causal LM."""
+    config_class = MechEvalH3Config
+
+
+class MechEvalHyenaModel(MechEvalModel):
+    """The hyena backbone."""
+    config_class = MechEvalHyenaConfig
+
+
+class MechEvalHyenaForCausalLM(MechEvalForCausalLM):
+    """The hyena causal LM."""
+    config_class = MechEvalHyenaConfig
+
+
+class MechEvalMambaModel(MechEvalModel):
+    """The mamba backbone."""
+    config_class = MechEvalMambaConfig
+
+
+class MechEvalMambaForCausalLM(MechEvalForCausalLM):
+    """The mamba causal LM."""
+    config_class = MechEvalMambaConfig
+
+
+class MechEvalDeltaNetModel(MechEvalModel):
+    """The deltanet backbone."""
+    config_class = MechEvalDeltaNetConfig
+
+
+class MechEvalDeltaNetForCausalLM(MechEvalForCausalLM):
+    """The deltanet causal LM."""
+    config_class = MechEvalDeltaNetConfig
+
+
+class MechEvalMamba2Model(MechEvalModel):
+    """The mamba2 backbone."""
+    config_class = MechEvalMamba2Config
+
+
+class MechEvalMamba2ForCausalLM(MechEvalForCausalLM):
+    """The mamba2 causal LM."""
+    config_class = MechEvalMamba2Config
+
+
+class MechEvalGatedDeltaNetModel(MechEvalModel):
+    """The gated_deltanet backbone."""
+    config_class = MechEvalGatedDeltaNetConfig
+
+
+class MechEvalGatedDeltaNetForCausalLM(MechEvalForCausalLM):
+    """The gated_deltanet causal LM."""
+    config_class = MechEvalGatedDeltaNetConfig
+
+
 MODEL_CLASSES: dict[str, tuple[type, type, type]] = {}
 """Architecture name -> (config, base model, causal LM), for every registered architecture."""
 
 
 def _add_model_classes(spec: ArchitectureSpec) -> None:
-    """Make the architecture's thin class pair (named after its spec, as config.json's
-    ``architectures`` and ``auto_map`` name them) and put it in this module's namespace, where
-    transformers' remote-code loader looks classes up by name."""
+    """Record the architecture's class pair: the one written out above for a built-in (checked
+    against its spec's names and config), a pair made now for a plug-in."""
     classes = []
     for name, base in ((spec.model_class_name, MechEvalModel), (spec.causal_lm_class_name, MechEvalForCausalLM)):
-        existing = globals().get(name)
-        if existing is not None and getattr(existing, "config_class", None) is spec.config_class:
-            classes.append(existing)
+        written = globals().get(name)
+        if spec.builtin:
+            if written is None or written.config_class is not spec.config_class:
+                raise MechEvalError(f"built-in architecture {spec.name!r}: modeling_mecheval.py has no class {name} "
+                                    f"of {spec.config_class.__name__}; write its class pair there")
+            classes.append(written)
             continue
-        if existing is not None:
-            raise MechEvalError(f"architecture {spec.name!r}: the class name {name} is taken")
-        made = type(name, (base,), {"config_class": spec.config_class, "__module__": __name__,
+        if written is not None:
+            raise MechEvalError(f"architecture {spec.name!r}: the class name {name} is a built-in one's")
+        made = type(name, (base,), {"config_class": spec.config_class, "__module__": spec.config_class.__module__,
                                     "__doc__": f"{base.__name__} of the {spec.name} architecture."})
         made.__qualname__ = name
-        globals()[name] = made
         classes.append(made)
     MODEL_CLASSES[spec.name] = (spec.config_class, *classes)
 
@@ -516,7 +614,8 @@ def auto_map(config_class: type) -> dict[str, str]:
     """config.json's ``auto_map`` for an architecture's config class: where transformers finds the
     classes in the code files beside the weights (with ``trust_remote_code=True``)."""
     _, model_class, lm_class = MODEL_CLASSES[spec_for_config(config_class).name]
-    return {"AutoConfig": f"configuration_mecheval.{config_class.__name__}",
+    config_module = config_class.__module__.rpartition(".")[2]          # its mixer file, e.g. mixer_mamba
+    return {"AutoConfig": f"{config_module}.{config_class.__name__}",
             "AutoModel": f"modeling_mecheval.{model_class.__name__}",
             "AutoModelForCausalLM": f"modeling_mecheval.{lm_class.__name__}"}
 

@@ -1,7 +1,7 @@
-"""The delta rule (the math of ``mixer_delta_net.py``): a readable recurrent reference, the
+"""The delta rule (the math of ``mixer_deltanet.py``): a readable recurrent reference, the
 chunked (WY) form the training path runs, and the transition through which a patched state is
 carried on (``sites.through_state_site``). Tested against each other in
-``tests/models/test_delta_net.py``.
+``tests/models/test_deltanet.py``.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Computations, tested against each other (values and gradients):
 * :func:`gated_delta_rule_recurrent`: the loop over time (the readable reference; optionally
   returns the state trajectory, which the ``state`` site reads and patches);
 * :func:`gated_delta_rule_chunked`: the chunkwise-parallel WY/UT form, DeltaNet's (Yang et al.
-  2024, see ``mixer_delta_net.py``) with the cumulative decay folded in — the training path;
+  2024, see ``mixer_deltanet.py``) with the cumulative decay folded in — the training path;
 * :func:`gated_delta_rule_readout` and :func:`gated_delta_rule_transition`: outputs from a (patched)
   state trajectory, and the trajectory after a patch (the rule is linear in S: a difference e is
   carried as e_t = alpha_t (I - beta_t k_t k_t^T) e_{t-1}).

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_mecheval.models.convolutions import DirectCausalConv, ShortConv, _grouped_causal_conv, causal_conv
+from hf_mecheval.models.convolutions import ShortConv
+from hf_mecheval.models.ops_long_conv import DirectCausalConv, _grouped_causal_conv, causal_conv
 
 
 def naive_causal_conv(u, k):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hf_mecheval.models import build_model
-from hf_mecheval.models.configuration_mecheval import MechEvalH3Config, MechEvalHyenaConfig
+from hf_mecheval.models import MechEvalH3Config, MechEvalHyenaConfig
 from hf_mecheval.models.registry import mixer_class
 from hf_mecheval.models.mixer_hyena import HyenaOperator
 
@@ -93,7 +93,7 @@ def test_h3_kernel_by_repeated_products_equals_closed_form(L):
 
 
 def test_power_sum_taps_gradients():
-    from hf_mecheval.models.mixer_h3 import PowerSumTaps
+    from hf_mecheval.models.ops_ssm_taps import PowerSumTaps
 
     g = torch.Generator().manual_seed(0)
     for L in (1, 2, 9):

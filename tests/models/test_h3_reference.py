@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 
 import hf_mecheval  # noqa: F401  (registers the Auto classes)
 from hf_mecheval.models import build_model
-from hf_mecheval.models.configuration_mecheval import FORM_FIELDS, MechEvalH3Config
+from hf_mecheval.models.configuration_mecheval import FORM_FIELDS
+from hf_mecheval.models.mixer_h3 import MechEvalH3Config
 from hf_mecheval.models.errors import ConfigError
 from hf_mecheval.models.mixer_h3 import H3MechEvalV1, H3Reference
 
@@ -333,7 +334,7 @@ def test_mixer_forms_sets_the_ssm_form():
 
 # ------------------------------------------------------------------ the kernel's taps
 def test_conjugate_pair_taps_against_the_closed_form_and_gradcheck():
-    from hf_mecheval.models.mixer_h3 import ConjugatePairTaps
+    from hf_mecheval.models.ops_ssm_taps import ConjugatePairTaps
 
     g = torch.Generator().manual_seed(0)
     for L in (1, 2, 9):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_mecheval.models.configuration_mecheval import MechEvalMamba2Config
+from hf_mecheval.models.mixer_mamba2 import MechEvalMamba2Config
 from hf_mecheval.models.mixer_mamba2 import Mamba2Mixer
 from hf_mecheval.models.ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from hf_mecheval.models.sites import rerun_from_patched_states

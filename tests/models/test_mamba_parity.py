@@ -6,7 +6,7 @@ import torch
 from transformers import MambaConfig as HFMambaConfig
 from transformers.models.mamba.modeling_mamba import MambaMixer as HFMambaMixer
 
-from hf_mecheval.models.configuration_mecheval import MechEvalMambaConfig
+from hf_mecheval.models.mixer_mamba import MechEvalMambaConfig
 from hf_mecheval.models.mixer_mamba import MambaMixer
 
 

@@ -120,6 +120,39 @@ def test_the_names_checkpoints_and_sweeps_hold_do_not_change():
     assert type(tiny("mamba")).__name__ == "MechEvalMambaForCausalLM"
 
 
+def test_each_built_in_architecture_has_one_name():
+    # its mixer file, its model type and its mixers' registered names spell the architecture's name
+    squashed = {name.replace("_", ""): name for name in ARCHITECTURES}
+    for name in ARCHS:
+        spec = ARCHITECTURES[name]
+        assert spec.config_class.__module__ == f"hf_mecheval.models.mixer_{name}"
+        assert spec.model_type == "mecheval-" + name.replace("_", "-")
+        assert type(tiny(name)).__module__ == "hf_mecheval.models.modeling_mecheval"
+        for mixer_name, mixer in spec.mixers.items():
+            # a mixer named after an architecture is spelt as it, and lives in that one's file
+            if mixer_name.replace("_", "") in squashed:
+                assert mixer_name == squashed[mixer_name.replace("_", "")]
+                assert mixer.__module__ == f"hf_mecheval.models.mixer_{mixer_name}"
+            else:
+                assert mixer.__module__ == f"hf_mecheval.models.mixer_{name}"
+
+
+def test_custom_autograd_functions_live_in_ops_files():
+    import ast
+    from pathlib import Path
+
+    import hf_mecheval.models
+
+    found = {}
+    for path in Path(hf_mecheval.models.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("autograd.Function") for b in node.bases):
+                found[node.name] = path.name
+    assert {"SelectiveScan", "DirectCausalConv", "PowerSumTaps", "ConjugatePairTaps"} <= set(found)
+    # the compiled CPU scan's binding is the one exception: it stays out of a checkpoint's code
+    assert {f for f in found.values() if not f.startswith("ops_")} == {"cpu_kernels.py"}
+
+
 def test_hf_configs_accept_standard_extra_keys():
     config = AutoConfig.for_model("mecheval-mamba", hidden_size=16, conv_kernel=0, output_attentions=False,
                                   architectures=["MechEvalMambaForCausalLM"], my_note="kept")

@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM
 
 import hf_mecheval  # noqa: F401  (registers the Auto classes)
 from hf_mecheval.models import build_model
-from hf_mecheval.models.configuration_mecheval import MechEvalBaseConvConfig, MechEvalBasedConfig, MechEvalHyenaConfig
+from hf_mecheval.models import MechEvalBaseConvConfig, MechEvalBasedConfig, MechEvalHyenaConfig
 from hf_mecheval.models.convolutions import Sin
 from hf_mecheval.models.errors import ConfigError
-from hf_mecheval.models.mixer_base_conv import BaseConv
+from hf_mecheval.models.mixer_baseconv import BaseConv
 from hf_mecheval.models.mixer_hyena import HyenaOperator
 
 f64 = torch.float64

@@ -49,7 +49,7 @@ def test_save_pretrained_writes_the_code_and_auto_map(tmp_path):
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["auto_map"] == auto_map(MODEL_CLASSES["mamba"][0]) == {
-        "AutoConfig": "configuration_mecheval.MechEvalMambaConfig",
+        "AutoConfig": "mixer_mamba.MechEvalMambaConfig",
         "AutoModel": "modeling_mecheval.MechEvalMambaModel",
         "AutoModelForCausalLM": "modeling_mecheval.MechEvalMambaForCausalLM"}
     for f in remote_code_files():

@@ -5,7 +5,7 @@ from torch.nn import functional as F
 
 from hf_mecheval.errors import MechEvalError
 from hf_mecheval.models import ARCHITECTURES, build_model
-from hf_mecheval.models.mixer_attention import causal_softmax_attention
+from hf_mecheval.models.mixer_transformer import causal_softmax_attention
 from hf_mecheval.models.stacked import StackedCausalLM, answer_positions
 from hf_mecheval.tasks.presets import build_task
 from hf_mecheval.training.data import PaddedTaskDataset

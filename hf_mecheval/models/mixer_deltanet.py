@@ -13,7 +13,7 @@ per-head projection, L2-normalised q and k, per-head RMSNorm on the output, bias
 projection. The four input projections run as one matmul and the three convolutions as one
 (``ops_short_conv.short_conv``) over concatenated parameters, which keep flash-linear-attention's
 names and shapes: at these sizes fewer, larger calls are faster (tested against the module-by-
-module form in ``test_delta_net.py``).
+module form in ``test_deltanet.py``).
 
 Two computations of the delta rule (``ops_delta_rule.py``), tested against each other:
 
@@ -38,8 +38,31 @@ from .mixers import zero_padding
 from .ops_delta_rule import delta_rule_chunked, delta_rule_recurrent, delta_rule_step, delta_rule_transition
 from .ops_short_conv import short_conv
 from .sites import Site, through_state_site
-from .configuration_mecheval import MechEvalDeltaNetConfig
+from .errors import ConfigError
+from .configuration_mecheval import MechEvalConfig, check_divides_hidden, check_int
 from .registry import ArchitectureSpec, register_architecture
+
+
+class MechEvalDeltaNetConfig(MechEvalConfig):
+    """Delta-rule linear attention with short convolutions on q, k, v (flash-linear-attention's
+    DeltaNet: SiLU + L2-normalised q/k, sigmoid beta, per-head RMSNorm on the output, no biases)."""
+
+    model_type = "mecheval-deltanet"
+    num_attention_heads: int = 1
+    use_short_conv: bool = True
+    conv_kernel: int = 4
+    chunk_size: int = 64
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        check_divides_hidden(self, "num_attention_heads")
+        if not isinstance(self.use_short_conv, bool):
+            raise ConfigError("use_short_conv", f"must be true or false, got {self.use_short_conv!r}")
+        check_int(self, "conv_kernel", minimum=1)
+        check_int(self, "chunk_size", minimum=1)
+
+    def layer_mixers(self) -> list[str]:
+        return ["deltanet"] * self.num_hidden_layers
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -133,7 +156,7 @@ class DeltaNetMixer(nn.Module):
             states = states.transpose(1, 2)                              # (B, L, H, dk, dv)
             states = through_state_site(self.state, states, delta_rule_transition(k, beta))
             o = torch.einsum("blhkv,bhlk->bhlv", states, q)              # o_t = S_t^T q_t
-        elif use_kernels("delta_net", self.kernels, x.device):
+        elif use_kernels("deltanet", self.kernels, x.device):
             # flash-linear-attention takes (B, L, H, d); scale 1 = this module's o_t = S_t^T q_t
             chunk_delta_rule = delta_rule_kernel()
             o, _ = chunk_delta_rule(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -183,6 +206,6 @@ class DeltaNetMixer(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="deltanet", config_class=MechEvalDeltaNetConfig, mixers={"delta_net": DeltaNetMixer}, class_stem="DeltaNet",
-    kernel_packages={"delta_net": ("fla",)}, tiny_config={"num_attention_heads": 2, "chunk_size": 4},
+    name="deltanet", config_class=MechEvalDeltaNetConfig, mixers={"deltanet": DeltaNetMixer}, class_stem="DeltaNet",
+    kernel_packages={"deltanet": ("fla",)}, tiny_config={"num_attention_heads": 2, "chunk_size": 4},
     test_variants=({"use_short_conv": False}, {"num_attention_heads": 1})))

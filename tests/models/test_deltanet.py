@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_mecheval.models.configuration_mecheval import MechEvalDeltaNetConfig
+from hf_mecheval.models.mixer_deltanet import MechEvalDeltaNetConfig
 from hf_mecheval.models.sites import rerun_from_patched_states
-from hf_mecheval.models.mixer_delta_net import DeltaNetMixer, _l2norm
+from hf_mecheval.models.mixer_deltanet import DeltaNetMixer, _l2norm
 from hf_mecheval.models.ops_delta_rule import delta_rule_chunked, delta_rule_recurrent, delta_rule_transition
 
 

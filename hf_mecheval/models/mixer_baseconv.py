@@ -15,11 +15,66 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .convolutions import ImplicitFilter, ImplicitLongConv, ShortConv, causal_conv
+from .convolutions import ImplicitFilter, ImplicitLongConv, ShortConv
 from .mixers import zero_padding
+from .ops_long_conv import causal_conv
 from .sites import Site
-from .configuration_mecheval import MechEvalBaseConvConfig
+from .errors import ConfigError
+from .configuration_mecheval import MechEvalConfig, FILTER_FORMS, check_choice, check_int
 from .registry import ArchitectureSpec, register_architecture
+
+
+LONG_FILTER_ORDER = {"reference": 16, "mecheval-v1": 64}
+"""Each long-convolution form's default MLP width (``long_filter_order``; Based's "long" layers too)."""
+
+
+def default_long_filter_order(cfg) -> None:
+    """Fill ``cfg.long_filter_order`` (None) with its long-convolution form's default width."""
+    if cfg.long_filter_order is None:
+        cfg.long_filter_order = LONG_FILTER_ORDER.get(cfg.long_conv_form, LONG_FILTER_ORDER["reference"])
+
+
+class MechEvalBaseConvConfig(MechEvalConfig):
+    """``y = conv(u) * Linear(u) + u``; per-layer kernels cycle through ``kernel_schedule``
+    (an int = short causal depthwise conv of that width, "long" = implicit long convolution)."""
+
+    model_type = "mecheval-baseconv"
+    kernel_schedule: list = None
+    long_conv_form: str = "reference"
+    """Form of the "long" layers' implicit long convolution: "reference" = the reference's
+    (``ImplicitLongConvolution``): h ∗ u + u with h an MLP Linear - ReLU - Linear over fixed
+    positional features; "mecheval-v1" = hf-mecheval's first: h ∗ u + a trainable bias, h a sine
+    MLP (the checkpoints made before this field existed). See the module's docstring."""
+    long_filter_order: int | None = None
+    """Width of the MLP that parameterises implicit long filters; default: the form's
+    (``LONG_FILTER_ORDER``: 16 for "reference", as the reference; 64 for "mecheval-v1")."""
+    max_filter_length: int = 1024
+    """Longest sequence an implicit long filter is defined for."""
+
+    LEGACY_FIELDS = {**MechEvalConfig.LEGACY_FIELDS, "long_conv_form": "mecheval-v1"}
+
+    def __post_init__(self, **kwargs):
+        if self.kernel_schedule is None:
+            self.kernel_schedule = [3, "long"]
+        default_long_filter_order(self)
+        super().__post_init__(**kwargs)
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if not isinstance(self.kernel_schedule, (list, tuple)) or not self.kernel_schedule:
+            raise ConfigError("kernel_schedule", f"must be a non-empty list of widths or 'long', got {self.kernel_schedule!r}")
+        for k in self.kernel_schedule:
+            if k != "long" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+                raise ConfigError("kernel_schedule", f"entries must be widths >= 1 or 'long', got {k!r}")
+        check_choice(self, "long_conv_form", FILTER_FORMS)
+        check_int(self, "long_filter_order", minimum=1)
+        check_int(self, "max_filter_length", minimum=2)
+
+    def layer_mixers(self) -> list[str]:
+        return ["baseconv"] * self.num_hidden_layers
+
+    def conv_kernel_for_layer(self, layer: int) -> int | str:
+        return self.kernel_schedule[layer % len(self.kernel_schedule)]
 
 
 class BaseConv(nn.Module):
@@ -69,7 +124,7 @@ class BaseConv(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="baseconv", config_class=MechEvalBaseConvConfig, mixers={"base_conv": BaseConv}, class_stem="BaseConv",
+    name="baseconv", config_class=MechEvalBaseConvConfig, mixers={"baseconv": BaseConv}, class_stem="BaseConv",
     tiny_config={"kernel_schedule": [3, "long"], "long_filter_order": 8, "max_filter_length": 16},
     # the contract test checks each mixer name at its first layer: "long" first, in both forms
     test_variants=({"kernel_schedule": ["long", 3]},

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_mecheval.models.configuration_mecheval import MechEvalGatedDeltaNetConfig
+from hf_mecheval.models.mixer_gated_deltanet import MechEvalGatedDeltaNetConfig
 from hf_mecheval.models.ops_delta_rule import delta_rule_recurrent
-from hf_mecheval.models.mixer_gated_delta_net import GatedDeltaNetMixer
+from hf_mecheval.models.mixer_gated_deltanet import GatedDeltaNetMixer
 from hf_mecheval.models.ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_readout,
                                                      gated_delta_rule_recurrent, gated_delta_rule_transition)
 from hf_mecheval.models.sites import rerun_from_patched_states

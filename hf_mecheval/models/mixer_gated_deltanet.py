@@ -19,7 +19,7 @@ gives a layer exactly our DeltaNet's state (one hidden x hidden matrix), so the 
 decay and the output gate, and keeps a training step within 3x of the Transformer's at hidden 64
 on a CPU (expand_v 2 with two heads measured 1.3-1.4x slower per step, 3.0-3.5x the Transformer,
 on the shared 2-core benchmark machine). flash-linear-attention scales q by dk^-1/2 inside its kernel; here o_t = S_t^T q_t
-unscaled (as in ``mixer_delta_net.py``): the per-head RMSNorm that follows removes any constant scale
+unscaled (as in ``mixer_deltanet.py``): the per-head RMSNorm that follows removes any constant scale
 (up to its eps).
 
 The six input projections run as one matmul and the three short convolutions as one
@@ -47,8 +47,54 @@ from .ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_re
                                    gated_delta_rule_transition)
 from .ops_short_conv import short_conv
 from .sites import Site, through_state_site
-from .configuration_mecheval import MechEvalGatedDeltaNetConfig
+from .errors import ConfigError
+from .configuration_mecheval import MechEvalConfig, check_divides_hidden, check_int
 from .registry import ArchitectureSpec, register_architecture
+
+
+class MechEvalGatedDeltaNetConfig(MechEvalConfig):
+    """Gated delta-rule linear attention (flash-linear-attention's GatedDeltaNet: short convolutions
+    + SiLU on q, k, v, L2-normalised q/k, sigmoid beta, Mamba-2-style decay, output gate with a
+    per-head gated RMSNorm, no biases), in blocks with an MLP, like DeltaNet (LayerNorm, the shared
+    GELU MLP; fla's own model uses RMSNorm and a SwiGLU MLP). By default one head with
+    dk = dv = hidden_size: DeltaNet's state, so that the two differ by the gates."""
+
+    model_type = "mecheval-gated-deltanet"
+    num_attention_heads: int = 1
+    head_dim: int | None = None
+    """Query/key size per head; None = hidden_size / num_attention_heads."""
+    expand_v: int = 1
+    """Value size per head = expand_v * head_dim. flash-linear-attention uses 2 (and several
+    heads): set expand_v=2 for its layout; the default 1 keeps the step time within 3x of the
+    Transformer's at hidden 64 on a CPU (see the module's docstring)."""
+    use_short_conv: bool = True
+    conv_kernel: int = 4
+    chunk_size: int = 64
+    """Steps per chunk of the chunked delta rule (the PyTorch path); does not change the result."""
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if self.head_dim is None:
+            check_divides_hidden(self, "num_attention_heads")
+        else:
+            check_int(self, "num_attention_heads", minimum=1)
+            check_int(self, "head_dim", minimum=1)
+        check_int(self, "expand_v", minimum=1)
+        if not isinstance(self.use_short_conv, bool):
+            raise ConfigError("use_short_conv", f"must be true or false, got {self.use_short_conv!r}")
+        check_int(self, "conv_kernel", minimum=1)
+        check_int(self, "chunk_size", minimum=1)
+
+    @property
+    def key_head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.expand_v * self.key_head_dim
+
+    def layer_mixers(self) -> list[str]:
+        return ["gated_deltanet"] * self.num_hidden_layers
 
 # flash-linear-attention hard-codes these for Gated DeltaNet (they are not config fields there)
 A_INIT_RANGE = (0.0, 16.0)
@@ -152,7 +198,7 @@ class GatedDeltaNetMixer(nn.Module):
             _, states = gated_delta_rule_recurrent(q, k, v, g, beta, return_states=True)   # (B, L, H, dk, dv)
             states = through_state_site(self.state, states, gated_delta_rule_transition(k, g, beta))
             o = gated_delta_rule_readout(states, q)
-        elif use_kernels("gated_delta_net", self.kernels, x.device):
+        elif use_kernels("gated_deltanet", self.kernels, x.device):
             # flash-linear-attention takes (B, L, H, d) as we do; scale 1 = o_t = S_t^T q_t
             chunk_gated_delta_rule = gated_delta_rule_kernel()
             o, _ = chunk_gated_delta_rule(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g,
@@ -196,7 +242,7 @@ class GatedDeltaNetMixer(nn.Module):
 
 
 register_architecture(ArchitectureSpec(
-    name="gated_deltanet", config_class=MechEvalGatedDeltaNetConfig, mixers={"gated_delta_net": GatedDeltaNetMixer},
-    class_stem="GatedDeltaNet", kernel_packages={"gated_delta_net": ("fla",)},
+    name="gated_deltanet", config_class=MechEvalGatedDeltaNetConfig, mixers={"gated_deltanet": GatedDeltaNetMixer},
+    class_stem="GatedDeltaNet", kernel_packages={"gated_deltanet": ("fla",)},
     tiny_config={"num_attention_heads": 2, "expand_v": 2, "chunk_size": 4},
     test_variants=({"use_short_conv": False}, {"num_attention_heads": 1, "expand_v": 1})))

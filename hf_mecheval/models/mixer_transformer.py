@@ -9,8 +9,23 @@ from torch import nn
 from torch.nn import functional as F
 
 from .mixers import at_positions
-from .configuration_mecheval import MechEvalTransformerConfig
+from .configuration_mecheval import MechEvalConfig, check_divides_hidden
 from .registry import ArchitectureSpec, register_architecture
+
+
+class MechEvalTransformerConfig(MechEvalConfig):
+    """Causal softmax attention; fused QKV without bias, output projection with bias."""
+
+    model_type = "mecheval-transformer"
+    max_position_embeddings: int = 1024
+    num_attention_heads: int = 1
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        check_divides_hidden(self, "num_attention_heads")
+
+    def layer_mixers(self) -> list[str]:
+        return ["attention"] * self.num_hidden_layers
 
 
 def visible_keys(L: int, positions: torch.Tensor | None, mask: torch.Tensor | None, device) -> torch.Tensor:
