@@ -10,7 +10,8 @@ Built-in mixer files register their architecture at their end, exactly as a plug
                                            mixers={"mamba": MambaMixer}, class_stem="Mamba", ...))
 
 Everything else is derived from the registered specs: the model classes (``MechEval<stem>Model``
-and ``MechEval<stem>ForCausalLM``, made in ``modeling_mecheval.py``), the Auto registration
+and ``MechEval<stem>ForCausalLM``: a built-in's written out in ``modeling_mecheval.py`` and checked
+against its spec, a plug-in's made when it registers), the Auto registration
 (``models/__init__.py``), the choices the command line and sweeps accept, the benchmarks' and
 the tests' lists. Code that derives something from every architecture subscribes with
 :func:`on_register`; it is then also told about architectures registered later (plug-ins).
