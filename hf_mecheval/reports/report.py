@@ -145,11 +145,14 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         if not with_iv:
             break
         fig, ax = plt.subplots(figsize=(5.5, 5))
+        at_point: dict[tuple, list[str]] = {}      # runs within 0.05 of a point share one label
         for r in with_iv:
             if r.get(f"@{x}") is None or r.get(f"@{y}") is None:
                 continue
             ax.scatter(r[f"@{x}"], r[f"@{y}"], s=40 + 120 * r["test_accuracy"])
-            ax.annotate(r["label"], (r[f"@{x}"], r[f"@{y}"]), fontsize=8, xytext=(4, 4), textcoords="offset points")
+            at_point.setdefault((round(20 * r[f"@{x}"]) / 20, round(20 * r[f"@{y}"]) / 20), []).append(r["label"])
+        for point, labels in at_point.items():
+            ax.annotate(", ".join(labels), point, fontsize=8, xytext=(4, 4), textcoords="offset points")
         ax.set_xlim(-0.2, 1.2)
         ax.set_ylim(-0.2, 1.2)
         ax.axhline(0, color="grey", lw=0.5)
