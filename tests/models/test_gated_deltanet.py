@@ -11,6 +11,8 @@ from hf_mecheval.models.ops_gated_delta_rule import (gated_delta_rule_chunked, g
                                                      gated_delta_rule_recurrent, gated_delta_rule_transition)
 from hf_mecheval.models.sites import rerun_from_patched_states
 
+from state_patches import assert_state_patch_equals_the_recurrence_by_hand
+
 f64 = torch.float64
 
 
@@ -166,29 +168,7 @@ def _by_hand_from(m, x, p, patch_at):
 
 
 def test_state_patch_equals_the_rule_run_by_hand_from_the_patched_state():
-    m = _mixer(expand_v=2)
-    x, p, q = _x(), 4, 8
-    seen = {}
-    h = m.state.register_forward_hook(lambda mod, i, o: seen.setdefault("states", o))
-    clean = m(x)
-    h.remove()
-    states = seen["states"]
-    new_p = states[:, p].clone()
-    new_p[:, 1, 2, 3] = 5.0                                          # one entry of S_p
-    new_q = torch.randn_like(states[:, q])                           # all of S_q
-
-    def patch(mod, i, o):
-        o = o.clone()
-        o[:, p], o[:, q] = new_p, new_q
-        return o
-
-    h = m.state.register_forward_hook(patch)
-    got = m(x)
-    h.remove()
-    assert torch.equal(got[:, :p], clean[:, :p])
-    want = _by_hand_from(m, x, p, {p: new_p, q: new_q})
-    assert (got[:, p:] - want).abs().max() <= 1e-10
-    assert ((got - clean).abs().amax(dim=(0, 2))[p:] > 1e-8).all()   # p and every later position
+    assert_state_patch_equals_the_recurrence_by_hand(_mixer(expand_v=2), _x(), _by_hand_from)
 
 
 def test_layout_and_initialisation_follow_flash_linear_attention():

@@ -9,6 +9,8 @@ from hf_mecheval.models.mixer_mamba2 import Mamba2Mixer
 from hf_mecheval.models.ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from hf_mecheval.models.sites import rerun_from_patched_states
 
+from state_patches import assert_state_patch_equals_the_recurrence_by_hand
+
 f64 = torch.float64
 
 
@@ -167,29 +169,7 @@ def _by_hand_from(m, x, p, patch_at):
 
 
 def test_state_patch_equals_the_recurrence_run_by_hand_from_the_patched_state():
-    m = _mixer(n_groups=2)
-    x, p, q = _x(), 4, 8
-    seen = {}
-    h = m.state.register_forward_hook(lambda mod, i, o: seen.setdefault("states", o))
-    clean = m(x)
-    h.remove()
-    states = seen["states"]
-    new_p = states[:, p].clone()
-    new_p[:, 1, 2, 3] = 5.0                                          # one entry of h_p
-    new_q = torch.randn_like(states[:, q])                           # all of h_q
-
-    def patch(mod, i, o):
-        o = o.clone()
-        o[:, p], o[:, q] = new_p, new_q
-        return o
-
-    h = m.state.register_forward_hook(patch)
-    got = m(x)
-    h.remove()
-    assert torch.equal(got[:, :p], clean[:, :p])
-    want = _by_hand_from(m, x, p, {p: new_p, q: new_q})
-    assert (got[:, p:] - want).abs().max() <= 1e-10
-    assert ((got - clean).abs().amax(dim=(0, 2))[p:] > 1e-8).all()   # p and every later position
+    assert_state_patch_equals_the_recurrence_by_hand(_mixer(n_groups=2), _x(), _by_hand_from)
 
 
 def test_initialisation_follows_mamba_ssm():

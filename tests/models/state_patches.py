@@ -1,0 +1,31 @@
+"""A check the recurrent mixers' own tests share: patching a state site equals running the mixer's
+recurrence by hand from the patched state."""
+import torch
+
+
+def assert_state_patch_equals_the_recurrence_by_hand(m, x, by_hand, p: int = 4, q: int = 8) -> None:
+    """Patch one entry of the state at position p and the whole state at q (through ``m.state``,
+    the mixer's state site), and compare with ``by_hand(m, x, p, {p: S_p, q: S_q})``: the
+    outputs from p on, the mixer's recurrence written out in the test. Positions before p must not
+    move; p and every later one must."""
+    seen = {}
+    h = m.state.register_forward_hook(lambda mod, i, o: seen.setdefault("states", o))
+    clean = m(x)
+    h.remove()
+    states = seen["states"]                                          # (B, L, *state)
+    new_p = states[:, p].clone()
+    new_p[:, 1, 2, 3] = 5.0                                          # one entry of the state at p
+    new_q = torch.randn_like(states[:, q])                           # all of the state at q
+
+    def patch(mod, i, o):
+        o = o.clone()
+        o[:, p], o[:, q] = new_p, new_q
+        return o
+
+    h = m.state.register_forward_hook(patch)
+    got = m(x)
+    h.remove()
+    assert torch.equal(got[:, :p], clean[:, :p])
+    want = by_hand(m, x, p, {p: new_p, q: new_q})
+    assert (got[:, p:] - want).abs().max() <= 1e-10
+    assert ((got - clean).abs().amax(dim=(0, 2))[p:] > 1e-8).all()   # p and every later position
