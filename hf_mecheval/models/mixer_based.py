@@ -68,6 +68,7 @@ class MechEvalBasedConfig(MechEvalConfig):
     def conv_kernel_for_layer(self, layer: int) -> int | str:
         return self.short_conv_kernel
 
+
 EPS = 1e-12
 
 

@@ -96,6 +96,7 @@ class MechEvalGatedDeltaNetConfig(MechEvalConfig):
     def layer_mixers(self) -> list[str]:
         return ["gated_deltanet"] * self.num_hidden_layers
 
+
 # flash-linear-attention hard-codes these for Gated DeltaNet (they are not config fields there)
 A_INIT_RANGE = (0.0, 16.0)
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 0.001, 0.1, 1e-4

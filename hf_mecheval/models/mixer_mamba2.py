@@ -95,6 +95,7 @@ class MechEvalMamba2Config(MechEvalConfig):
     def layer_mixers(self) -> list[str]:
         return ["mamba2"] * self.num_hidden_layers
 
+
 KERNEL_CHUNK_SIZE = 256   # mamba-ssm's default; the chunking changes the blocking, not the result
 
 

@@ -9,6 +9,8 @@ from hf_mecheval.models.sites import rerun_from_patched_states
 from hf_mecheval.models.mixer_deltanet import DeltaNetMixer, _l2norm
 from hf_mecheval.models.ops_delta_rule import delta_rule_chunked, delta_rule_recurrent, delta_rule_transition
 
+from recurrent_mixers import random_x, site_outputs
+
 
 def _inputs(B=2, H=2, L=11, dk=4, dv=3, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -23,10 +25,6 @@ def _mixer(heads=2, hidden=8, seed=0, **kw):
     torch.manual_seed(seed)
     cfg = MechEvalDeltaNetConfig(hidden_size=hidden, num_attention_heads=heads, chunk_size=4, **kw)
     return DeltaNetMixer(cfg, layer_idx=0).double()
-
-
-def _x(B=2, L=11, D=8, seed=1):
-    return torch.randn(B, L, D, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 4, 5, 11, 64])
@@ -71,19 +69,15 @@ def test_sites():
     m = _mixer()
     assert m.state.propagates and not m.conv_output.propagates
     assert not hasattr(_mixer(use_short_conv=False), "conv_output")
-    seen = {}
-    h1 = m.conv_output.register_forward_hook(lambda mod, i, o: seen.__setitem__("conv", o))
-    h2 = m.state.register_forward_hook(lambda mod, i, o: seen.__setitem__("state", o))
-    m(_x())
-    h1.remove(), h2.remove()
-    assert seen["conv"].shape == (2, 11, 24)
+    _, seen = site_outputs(m, random_x(), "conv_output", "state")
+    assert seen["conv_output"].shape == (2, 11, 24)
     assert seen["state"].shape == (2, 11, 2, 4, 4)
 
 
 @pytest.mark.parametrize("heads", [1, 2])
 def test_state_site_path_equals_fast_path(heads):
     m = _mixer(heads)
-    x = _x()
+    x = random_x()
     fast = m(x)
     h = m.state.register_forward_hook(lambda mod, i, o: None)   # read-only hook
     assert m.state.wanted()
@@ -143,7 +137,7 @@ def test_fused_projections_and_convolutions_equal_module_by_module(kw):
     # forward runs the four projections and the three convolutions as one call each: values and
     # the gradients of the input and of every parameter equal the module-by-module form (float64, 1e-10)
     m = _mixer(**{"heads": 2, **kw})
-    x = _x().requires_grad_()
+    x = random_x().requires_grad_()
     w = torch.randn(2, 11, 8, dtype=torch.float64)
     params = [x, *m.parameters()]
     ref = _module_by_module(m, x)

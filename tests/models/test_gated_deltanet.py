@@ -11,7 +11,7 @@ from hf_mecheval.models.ops_gated_delta_rule import (gated_delta_rule_chunked, g
                                                      gated_delta_rule_recurrent, gated_delta_rule_transition)
 from hf_mecheval.models.sites import rerun_from_patched_states
 
-from state_patches import assert_state_patch_equals_the_recurrence_by_hand
+from recurrent_mixers import assert_state_patch_equals_the_recurrence_by_hand, random_x, site_outputs
 
 f64 = torch.float64
 
@@ -32,9 +32,6 @@ def _mixer(seed=0, **kw):
     fields.update(kw)
     return GatedDeltaNetMixer(MechEvalGatedDeltaNetConfig(**fields), layer_idx=0).double()
 
-
-def _x(B=2, L=11, D=8, seed=1):
-    return torch.randn(B, L, D, generator=torch.Generator().manual_seed(seed), dtype=f64)
 
 
 # ----------------------------------------------------------------------------------- the ops
@@ -125,19 +122,15 @@ def test_sites():
     m = _mixer(expand_v=2)
     assert m.state.propagates and not m.conv_output.propagates
     assert not hasattr(_mixer(use_short_conv=False), "conv_output")
-    seen = {}
-    h1 = m.conv_output.register_forward_hook(lambda mod, i, o: seen.__setitem__("conv", o))
-    h2 = m.state.register_forward_hook(lambda mod, i, o: seen.__setitem__("state", o))
-    m(_x())
-    h1.remove(), h2.remove()
-    assert seen["conv"].shape == (2, 11, 8 + 8 + 16)                  # q, k (2 heads x 4), v (2 x 8)
+    _, seen = site_outputs(m, random_x(), "conv_output", "state")
+    assert seen["conv_output"].shape == (2, 11, 8 + 8 + 16)                  # q, k (2 heads x 4), v (2 x 8)
     assert seen["state"].shape == (2, 11, 2, 4, 8)                   # (B, L, heads, dk, dv)
 
 
 @pytest.mark.parametrize("fields", [dict(), dict(expand_v=2, use_short_conv=False)])
 def test_state_site_path_equals_fast_path(fields):
     m = _mixer(**fields)
-    x = _x()
+    x = random_x()
     fast = m(x)
     h = m.state.register_forward_hook(lambda mod, i, o: None)        # read-only hook
     slow = m(x)
@@ -168,7 +161,7 @@ def _by_hand_from(m, x, p, patch_at):
 
 
 def test_state_patch_equals_the_rule_run_by_hand_from_the_patched_state():
-    assert_state_patch_equals_the_recurrence_by_hand(_mixer(expand_v=2), _x(), _by_hand_from)
+    assert_state_patch_equals_the_recurrence_by_hand(_mixer(expand_v=2), random_x(), _by_hand_from)
 
 
 def test_layout_and_initialisation_follow_flash_linear_attention():

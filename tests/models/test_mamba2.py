@@ -9,7 +9,7 @@ from hf_mecheval.models.mixer_mamba2 import Mamba2Mixer
 from hf_mecheval.models.ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from hf_mecheval.models.sites import rerun_from_patched_states
 
-from state_patches import assert_state_patch_equals_the_recurrence_by_hand
+from recurrent_mixers import assert_state_patch_equals_the_recurrence_by_hand, random_x, site_outputs
 
 f64 = torch.float64
 
@@ -31,9 +31,6 @@ def _mixer(seed=0, **kw):
     fields.update(kw)
     return Mamba2Mixer(MechEvalMamba2Config(**fields), layer_idx=0).double()
 
-
-def _x(B=2, L=11, D=8, seed=1):
-    return torch.randn(B, L, D, generator=torch.Generator().manual_seed(seed), dtype=f64)
 
 
 # ----------------------------------------------------------------------------------- the ops
@@ -132,18 +129,14 @@ def test_sites():
     m = _mixer()
     assert m.state.propagates and not m.conv_output.propagates
     assert not hasattr(_mixer(conv_kernel=0), "conv_output")
-    seen = {}
-    h1 = m.conv_output.register_forward_hook(lambda mod, i, o: seen.__setitem__("conv", o))
-    h2 = m.state.register_forward_hook(lambda mod, i, o: seen.__setitem__("state", o))
-    m(_x())
-    h1.remove(), h2.remove()
-    assert seen["conv"].shape == (2, 11, 16 + 2 * 4)                  # x (E = 16), B, C (N = 4)
+    _, seen = site_outputs(m, random_x(), "conv_output", "state")
+    assert seen["conv_output"].shape == (2, 11, 16 + 2 * 4)                  # x (E = 16), B, C (N = 4)
     assert seen["state"].shape == (2, 11, 4, 4, 4)                   # (B, L, heads, head_dim, d_state)
 
 
 def test_state_site_path_equals_fast_path():
     m = _mixer(n_groups=2)
-    x = _x()
+    x = random_x()
     fast = m(x)
     h = m.state.register_forward_hook(lambda mod, i, o: None)        # read-only hook
     slow = m(x)
@@ -169,7 +162,7 @@ def _by_hand_from(m, x, p, patch_at):
 
 
 def test_state_patch_equals_the_recurrence_run_by_hand_from_the_patched_state():
-    assert_state_patch_equals_the_recurrence_by_hand(_mixer(n_groups=2), _x(), _by_hand_from)
+    assert_state_patch_equals_the_recurrence_by_hand(_mixer(n_groups=2), random_x(), _by_hand_from)
 
 
 def test_initialisation_follows_mamba_ssm():
