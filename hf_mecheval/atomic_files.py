@@ -35,12 +35,13 @@ def temporary_beside(path: str | os.PathLike) -> Path:
     return path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
 
 
-def _new_temporary_file(path: Path) -> Path:
-    """An empty temporary file beside ``path``. It gets the mode of a new file (0666 less the
-    umask: mkstemp's 0600 would make every output private) or, when ``path`` exists, ``path``'s
-    own mode, so that replacing a file keeps who may read it."""
-    for _ in range(100):
-        tmp = temporary_beside(path)
+def _new_temporary_file(path: Path, name: Path | None = None) -> Path:
+    """An empty temporary file beside ``path`` (named ``name`` when given: a name chosen, and
+    recorded, beforehand). It gets the mode of a new file (0666 less the umask: mkstemp's 0600
+    would make every output private) or, when ``path`` exists, ``path``'s own mode, so that
+    replacing a file keeps who may read it."""
+    for _ in range(1 if name is not None else 100):
+        tmp = name if name is not None else temporary_beside(path)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
@@ -70,12 +71,12 @@ def give_new_file_mode(paths) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, overwrite: bool = False):
+def atomic_path(path: str | os.PathLike, overwrite: bool = False, temporary: Path | None = None):
     """Yields a temporary path; on success it is renamed to ``path``.
 
     Refuses (``MechEvalError``) when ``path`` exists and ``overwrite`` is false (checked again
     at the rename: a file that appeared meanwhile is not replaced), or when the folder cannot
-    be written."""
+    be written. ``temporary``: the temporary's name, chosen beforehand (``temporary_beside``)."""
     path = Path(path)
     if path.is_dir():
         raise MechEvalError(f"{path} is a folder; give a file name")
@@ -84,7 +85,7 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = False):
         raise MechEvalError(f"{path} already exists; pass --overwrite to replace it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _new_temporary_file(path)
+        tmp = _new_temporary_file(path, temporary)
     except OSError as exc:
         raise MechEvalError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
@@ -126,8 +127,9 @@ def _rename_no_replace(tmp: Path, path: Path) -> None:
         os.unlink(tmp)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, overwrite: bool = False) -> None:
-    with atomic_path(path, overwrite) as tmp:
+def write_text_atomic(path: str | os.PathLike, text: str, overwrite: bool = False,
+                      temporary: Path | None = None) -> None:
+    with atomic_path(path, overwrite, temporary) as tmp:
         tmp.write_text(text)
 
 

@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-from .errors import MechEvalError
+from .errors import ConfigError, MechEvalError
 
 
 def non_finite(value, where: str = "") -> str | None:
@@ -220,3 +220,33 @@ def read_json(path: str | os.PathLike, shape=object):
     if problem:
         raise MechEvalError(f"{path}: {problem}")
     return value
+
+
+NAME_MAX = 255               # bytes in one file name (Linux, macOS)
+PATH_MAX = 4096              # bytes in a path
+
+
+def path_problem(value) -> str | None:
+    """Why ``value`` cannot name a file or folder here (not text, empty, a NUL character, a name
+    or a path longer than file systems allow), or None."""
+    if not isinstance(value, str):
+        return "is not a path"
+    if "\0" in value:
+        return "holds a NUL character"
+    if not value:
+        return "is empty"
+    try:
+        parts = [os.fsencode(part) for part in value.split("/")]
+    except UnicodeEncodeError:
+        return "is not a file name"
+    if any(len(part) > NAME_MAX for part in parts) or sum(len(p) + 1 for p in parts) > PATH_MAX:
+        return "is longer than a path may be"
+    return None
+
+
+def check_path(field: str, value) -> None:
+    """One ``ConfigError`` naming ``field`` where ``value`` cannot be a path (``path_problem``)."""
+    problem = path_problem(value)
+    if problem:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:60] + "...'"
+        raise ConfigError(field, f"{shown} {problem}")

@@ -95,3 +95,107 @@ def test_every_training_flag_takes_bad_values_without_a_traceback(field, tmp_pat
             assert "\n" not in str(exc) and len(str(exc)) < 2000, (argv, str(exc)[:300])
         capsys.readouterr()
     assert list(tmp_path.iterdir()) == []       # checking arguments writes nothing
+
+
+# ------------------------------------------------------------------ values a field's type invites
+# Beyond the nine values above, each training argument gets the hostile values its type and its
+# neighbours invite: every member of an enum, alone (its companions missing: a schedule without
+# the arguments it needs, a sharding plan in one process), JSON of the wrong shape where a field
+# takes JSON, zero and negative counts and rates, an unknown name where it takes one. A value
+# that `validate` accepts is then trained with, for two steps that evaluate, log and save at
+# every step (so that a value which only trips the evaluation or saving loop trips here too): it
+# must train, or stop with one line; never a traceback from inside the Trainer.
+import enum
+import io
+import contextlib
+import typing
+
+from transformers import TrainingArguments
+
+from hf_mecheval.training.run import main as train_main
+
+TINY_RUN = ["--task", "ar_32", "--task_config", '{"num_kv": 16, "num_pairs": 2}', "--architecture", "transformer",
+            "--hidden_size", "8", "--max_position_embeddings", "16", "--train_size", "8", "--eval_size", "4",
+            "--per_device_train_batch_size", "4", "--max_steps", "2", "--eval_strategy", "steps", "--eval_steps", "1",
+            "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1", "--disable_tqdm", "true"]
+# validated only, with the reason they are not trained with
+NOT_TRAINED = {
+    "push_to_hub": "it reaches the Hub", "hub_model_id": "the Hub", "hub_strategy": "the Hub",
+    "hub_token": "the Hub", "hub_private_repo": "the Hub", "hub_always_push": "the Hub", "hub_revision": "the Hub",
+    "torch_compile": "compiling takes minutes on a CPU", "torch_compile_backend": "compiling",
+    "torch_compile_mode": "compiling", "output_dir": "the probe's own folder", "overwrite": "the probe's folder",
+    "resume": "the probe's folder",
+}
+
+
+def _members(name: str) -> list[str]:
+    """The members of the enum a field takes, in our arguments or in transformers' own (``fsdp``
+    is typed as text there: its options are ``FSDPOption``'s)."""
+    from transformers.trainer_utils import FSDPOption
+
+    found = [str(m.value) for m in FSDPOption] if name == "fsdp" else []
+    for cls in (*ARGUMENT_CLASSES, TrainingArguments):
+        hint = typing.get_type_hints(cls).get(name)
+        for arg in typing.get_args(hint) or (hint,):
+            for inner in (arg, *typing.get_args(arg)):          # list[FSDPOption] too
+                if isinstance(inner, type) and issubclass(inner, enum.Enum):
+                    found += [str(m.value) for m in inner]
+    return sorted(set(found))
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
+
+
+def invited_values(field: dataclasses.Field, hint) -> list[str]:
+    values = list(_members(field.name)) + list((field.metadata or {}).get("choices") or [])
+    args = typing.get_args(hint) or (hint,)
+    if any(a is dict or typing.get_origin(a) is dict for a in args) or field.name.endswith(("_kwargs", "_config",
+                                                                                           "_args")):
+        values += ['{"x": 1}', "[]", '"text"', "{}", "null", "[1, 2]"]
+    if int in args and bool not in args:
+        values += ["0", "-1", "2"]
+    if float in args:
+        values += ["0", "-1", "1e-12"]
+    if str in args and not values:
+        values += ["bad", ""]
+    return list(dict.fromkeys(values))
+
+
+INVITED = [(f.name, value) for cls in ARGUMENT_CLASSES for f in dataclasses.fields(cls)
+           if f.init and f.name not in ("output_dir",)
+           for value in invited_values(f, typing.get_type_hints(cls)[f.name])]
+
+
+def test_the_probe_invites_what_each_type_invites():
+    names = {name for name, _ in INVITED}
+    assert {"lr_scheduler_type", "lr_scheduler_kwargs", "eval_accumulation_steps", "neftune_noise_alpha", "fsdp",
+            "optim", "save_strategy", "torch_compile_backend"} <= names
+    assert ("lr_scheduler_type", "cosine_with_min_lr") in INVITED and ("lr_scheduler_kwargs", "[]") in INVITED
+    assert ("fsdp", "full_shard") in INVITED and ("eval_accumulation_steps", "0") in INVITED
+
+
+@pytest.mark.parametrize("field", sorted({name for name, _ in INVITED}))
+def test_every_training_argument_takes_the_values_its_type_invites(field, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for i, value in enumerate(v for name, v in INVITED if name == field):
+        argv = [*TINY_RUN, f"--{field}", value, "--output_dir", f"run{i}"]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                validate(*parse(argv))
+            except SystemExit as exc:
+                assert exc.code == 2, (argv, exc.code)
+                continue
+            except MechEvalError as exc:
+                assert "\n" not in str(exc) and len(str(exc)) < 2000, (argv, str(exc)[:300])
+                continue
+            if field in NOT_TRAINED:
+                continue
+            try:
+                code = train_main(argv)
+            except Exception as exc:        # a traceback the command line would have printed
+                pytest.fail(f"--{field} {value!r}: {type(exc).__name__}: {str(exc)[:300]}")
+        lines = [line for line in err.getvalue().splitlines() if line.startswith("mecheval train: error")]
+        assert code in (0, 1, 2), (argv, code)
+        if code:
+            assert len(lines) == 1, (argv, err.getvalue()[-500:])

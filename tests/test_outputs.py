@@ -243,3 +243,51 @@ def test_publish_refuses_a_folder_with_other_files_or_the_current_one(tmp_path, 
     with pytest.raises(MechEvalError, match="holds the current folder"):
         materialize(["ar_32"], ".", train_size=8, eval_size=4, overwrite=True, progress=False)
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.md"]
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3, 4])
+def test_a_publish_killed_at_any_step_of_the_two_renames_leaves_one_whole_folder_and_no_copy(tmp_path, monkeypatch,
+                                                                                              kill_at):
+    """Where the atomic exchange is missing, a kill at each step of the swap (before the first
+    rename, between the two, after the second, before the previous copy is cleared): the next
+    publish finishes or undoes it, leaves one whole folder at the name, and no copy beside it."""
+    from hf_mecheval.tasks import publish
+
+    folder = materialize(["ar_32"], tmp_path / "pub", train_size=8, eval_size=4, seed=0, progress=False)
+    monkeypatch.setattr(publish, "_exchange", lambda a, b: False)
+    real_rename, real_unlink, steps = os.rename, Path.unlink, []
+
+    def step(kind, real):
+        def wrapped(*args, **kwargs):
+            steps.append(kind)
+            if len(steps) == kill_at:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(publish.os, "rename", step("rename", real_rename))
+    monkeypatch.setattr(publish.Path, "unlink", step("unlink", real_unlink))
+    with pytest.raises(KeyboardInterrupt):
+        materialize(["ar_32"], folder, train_size=8, eval_size=4, seed=1, overwrite=True, progress=False)
+    monkeypatch.setattr(publish.os, "rename", real_rename)
+    monkeypatch.setattr(publish.Path, "unlink", real_unlink)
+    materialize(["ar_32"], folder, train_size=8, eval_size=4, seed=2, overwrite=True, progress=False)
+    assert json.loads((folder / "ar_32" / "card.json").read_text())["seed"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pub"], "a copy was left beside the folder"
+    assert not (folder / publish.STAGE_MARK).exists()
+
+
+def test_publishing_through_a_link_replaces_the_folder_it_points_to(tmp_path):
+    """--out LINK: the folder the link points to is replaced (atomically), the link stays a link
+    to it, and nothing is left beside either."""
+    real = materialize(["ar_32"], tmp_path / "real", train_size=8, eval_size=4, seed=0, progress=False)
+    (tmp_path / "link").symlink_to(real)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert mecheval(["data", "publish", "ar_32", "--out", str(tmp_path / "link"), "--train-size", "8", "--eval-size", "4",
+                 "--seed", "1", "--overwrite"]) == 0
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "link").resolve() == real
+    assert json.loads((real / "ar_32" / "card.json").read_text())["seed"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "link", "real"]
+    assert mecheval(["data", "publish", "ar_32", "--out", str(tmp_path / "dangling"), "--train-size", "8",
+                 "--eval-size", "4", "--overwrite"]) == 2
+    assert not (tmp_path / "nowhere").exists() and (tmp_path / "dangling").is_symlink()

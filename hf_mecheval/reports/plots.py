@@ -9,6 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ..atomic_files import atomic_path  # noqa: E402
+
 RESIDUAL = ("input",)
 
 
@@ -76,11 +78,13 @@ def restoration_curves(history: list[dict], path: str | Path, title: str = "") -
 
 
 def save_figure(fig, path) -> Path:
+    """``fig`` as the PNG ``path``, written atomically (a fresh temporary beside it, never a name
+    that could already be a link), replacing what is there."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_path(path, overwrite=True) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path

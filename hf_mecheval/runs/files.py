@@ -118,9 +118,15 @@ class GridSettings:
                 "sites": list(self.sites) if self.sites else None, "resamples": self.resamples}
 
     def matches(self, grid: dict, dataset_seed: int) -> bool:
-        """Whether ``grid`` (interventions.json) was made with these settings. A grid from before
-        settings were recorded is compared on what it shows (documents, split and seed)."""
+        """Whether ``grid`` (interventions.json) was made with these settings: its recorded
+        settings must be whole (every key, none other) and equal; settings that cannot be read as
+        a whole (another type, a key lost or added) match nothing, so the grid is made again. A
+        grid from before settings were recorded is compared on what it shows (documents, split
+        and seed), each of which must be there."""
         wanted = self.record(dataset_seed)
-        made = grid.get("settings") or {"n": grid.get("examples"), "split": grid.get("run", {}).get("split"),
-                                        "seed": grid.get("run", {}).get("dataset_seed")}
-        return all(wanted.get(key) == value for key, value in made.items())
+        if "settings" in grid:
+            made = grid["settings"]
+            return isinstance(made, dict) and made == wanted
+        run = grid.get("run") if isinstance(grid.get("run"), dict) else {}
+        shown = {"n": grid.get("examples"), "split": run.get("split"), "seed": run.get("dataset_seed")}
+        return all(value is not None and wanted[key] == value for key, value in shown.items())

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..adapters.native_config import is_native
 from .files import format_score, last_layer_summary
 from .run_dir import RunDir
-from .manifest import add_written
+from .manifest import write_run_file
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # what `mecheval push` uploads: the model with its code, generation config and tokenizer; the card; the run's records
@@ -70,8 +70,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or shown_path(run.path),
         native=native, **_example(task))
     path = run.path / RunDir.CARD
-    card.save(path)
-    add_written(run.path, [RunDir.CARD])
+    write_run_file(run.path, RunDir.CARD, str(card))
     return path
 
 

@@ -17,18 +17,19 @@ checkpoint a resumed run continues from, and whether a run there is the run aske
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
-import shutil
 from pathlib import Path
 
 from ..errors import MechEvalError, some_of
-from ..atomic_files import is_temporary, write_text_atomic
+from ..atomic_files import is_temporary
 from ..inputs import read_json
 from .files import METRICS, RUN_RECORD, GridSettings, read_interventions
-from .manifest import add_written, remove_written, remove_written_below, unlisted, written
+from .manifest import (MANIFEST, SAVED_NAME, files_under, read_manifest, removal_plan, remove_files,
+                       remove_written_below, unlisted, write_run_file)
 
 # every name a run (or a stacked run's directory) writes; checkpoints and temporaries by pattern
 RUN_FILES = {"command.txt", "run.json", "config.json", "generation_config.json", "model.safetensors",
@@ -39,16 +40,15 @@ TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 RUN_FOLDERS = {"interventions"}
 MARKS = ("command.txt", "run.json")
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-# what a checkpoint holds besides the model: the Trainer's state (stacked runs add their own) and
-# the training clock (training/callbacks.py: TrainingClock.FILE)
-CHECKPOINT_STATE = re.compile(r"optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|[\w.-]+_state\.json|wall_time\.json")
 
 
 def _written_by_a_run(path: Path) -> bool:
+    """Whether a run writes ``path`` (a file, or a folder: checkpoints and the grid), judged by
+    its name, for a run folder from before the manifest. Links are never a run's."""
     name = path.name
-    if is_temporary(name):
-        return True
-    if path.is_dir() and not path.is_symlink():
+    if path.is_symlink() or is_temporary(name):
+        return False
+    if path.is_dir():
         return name in RUN_FOLDERS or CHECKPOINT.fullmatch(name) is not None
     return name in RUN_FILES or name in TOKENIZER_FILES or name in _model_code_files()
 
@@ -63,10 +63,15 @@ def _model_code_files() -> set[str]:
 def check_replaceable(folder: str | os.PathLike, flag: str = "--overwrite") -> None:
     """Refuse (one clear error) to replace ``folder`` unless it is missing, empty (temporaries
     aside) or a run directory: never a file, a link, the current folder or one of its parents, or
-    a folder with anything in it that a run does not write."""
-    folder = Path(folder)
+    a folder with anything in it that the run did not write (its manifest, ``runs/manifest.py``,
+    must vouch for every file below it, and list only plain files inside it)."""
+    _run_files(Path(folder), flag)
+
+
+def _run_files(folder: Path, flag: str) -> list[str]:
+    """``check_replaceable``; returns the files below ``folder`` that replacing the run removes."""
     if not os.path.lexists(folder) or (folder.is_dir() and not folder.is_symlink() and not holds_files(folder)):
-        return                           # nothing there to lose
+        return []                        # nothing there to lose (a person's temporaries stay)
     if folder.is_symlink():
         raise MechEvalError(f"{flag} replaces only a run directory; {folder} is a link")
     if not folder.is_dir():
@@ -75,62 +80,79 @@ def check_replaceable(folder: str | os.PathLike, flag: str = "--overwrite") -> N
     if folder.resolve() == here or folder.resolve() in here.parents:
         raise MechEvalError(f"{flag} would delete {folder}, which holds the current folder; give the run "
                             "its own folder")
-    entries = list(folder.iterdir())
-    ours = written(folder)
-    if ours is not None:           # the manifest: every file below the folder must be one the run wrote
-        foreign = unlisted(folder, ours)
+    manifest = read_manifest(folder)
+    if manifest is not None and manifest.problem:
+        raise MechEvalError(f"{flag} replaces only a run directory, and {folder} is not only the run's: "
+                            f"{manifest.problem}; move its files or choose another folder")
+    present = files_under(folder)
+    if manifest is not None:       # every file below the folder must be one the run wrote
+        foreign = unlisted(folder, manifest)
+        ours = [f for f in manifest.files] + [p for p in present if manifest.owns(p) and p not in manifest.files]
     else:                          # a run from before the manifest: judged by the names a run writes
-        foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in entries if not _written_by_a_run(p))
+        entries = list(folder.iterdir())
+        foreign = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in entries
+                         if not is_temporary(p.name) and not _written_by_a_run(p))
         for sub in entries:        # and in its checkpoints and grid, the files a run writes there
-            if sub.is_dir() and not sub.is_symlink() and _written_by_a_run(sub) and not is_temporary(sub.name):
+            if sub.is_dir() and _written_by_a_run(sub):
                 foreign += sorted(f.relative_to(folder).as_posix() for f in _foreign_below(sub))
+        ours = list(present)
     marked = any((folder / m).is_file() for m in MARKS)
-    real = [p for p in entries if not is_temporary(p.name)]
-    if foreign or (real and not marked):
+    if foreign or (present and not marked):
         why = (f"it holds {some_of(foreign)}, which no run writes" if foreign
                else "it is not a run directory (no command.txt or run.json)")
         raise MechEvalError(f"{flag} replaces only a run directory, and {folder} is not one: {why}; move "
                             "those files or choose another folder")
+    try:
+        removal_plan(folder, ours)                # links and folders among the entries: refused now
+    except MechEvalError as exc:
+        raise MechEvalError(f"{flag}: {exc}") from None
+    return ours
 
 
 def _foreign_below(subfolder: Path) -> list[Path]:
     """Files in a run's subfolder (a checkpoint, the grid) that no run writes (folders without a
-    manifest): a run writes its own names, the Trainer's state files, and the grid's figures."""
-    return [p for p in subfolder.rglob("*")
-            if not (p.is_dir() and not p.is_symlink()) and not _written_by_a_run(p)
-            and not CHECKPOINT_STATE.fullmatch(p.name) and not (subfolder.name in RUN_FOLDERS and p.suffix == ".png")
-            and p.name not in ("interventions.json", "finished.json")]
+    manifest): a run writes its own names, what a save writes, and the grid's figures."""
+    found = []
+    for root, dirs, files in os.walk(subfolder):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            p = Path(root, name)
+            if is_temporary(name):
+                continue
+            if p.is_symlink() or not (_written_by_a_run(p) or SAVED_NAME.fullmatch(name) is not None
+                                      or (subfolder.name in RUN_FOLDERS and p.suffix == ".png")):
+                found.append(p)
+    return found
 
 
 def remove_run_subfolder(folder: Path, sub: Path) -> None:
     """Remove the run's subfolder ``sub`` (a checkpoint) of ``folder``: the files the run wrote
-    there, refusing where a person's file is among them."""
-    ours = written(folder)
-    if ours is None:
+    there, refusing (before anything is removed) where anything else is among them."""
+    if sub.is_symlink():
+        raise MechEvalError(f"{sub} is a link, not the run's checkpoint; remove the link before --resume")
+    manifest = read_manifest(folder)
+    prefix = sub.relative_to(folder).as_posix() + "/"
+    if manifest is None:
         foreign = _foreign_below(sub)
         if foreign:
-            raise MechEvalError(f"{sub} holds {foreign[0]}, which no run writes; move it before --resume")
-        shutil.rmtree(sub)
+            raise MechEvalError(f"{sub} holds {foreign[0].relative_to(folder)}, which no run writes; move it before --resume")
+        remove_files(folder, [p for p in files_under(folder) if p.startswith(prefix)])
         return
-    prefix = sub.relative_to(folder).as_posix() + "/"
-    foreign = unlisted(folder, ours, below=prefix)
-    if foreign:
-        raise MechEvalError(f"{sub} holds {foreign[0]}, which the run did not write; move it before --resume")
-    remove_written_below(folder, {path for path in ours if path.startswith(prefix)})
+    try:
+        remove_written_below(folder, manifest, below=prefix)
+    except MechEvalError as exc:
+        raise MechEvalError(f"{sub}: {exc}; move it before --resume") from None
 
 
 def clear_run_dir(folder: str | os.PathLike, flag: str = "--overwrite") -> None:
-    """Empty a run directory (``check_replaceable`` first): the files its manifest lists, or, for
-    a run from before the manifest, everything in it (``check_replaceable`` found only a run's
-    files). The folder itself stays: the lock of the process replacing the run is on it."""
+    """Empty a run directory (``check_replaceable`` first, which checks every file to be removed
+    before any is): the files its manifest vouches for, or, for a run from before the manifest,
+    every file in it (``check_replaceable`` found only a run's files). Temporaries the manifest
+    does not list stay. The folder itself stays: the lock of the process replacing the run is on it."""
     folder = Path(folder)
-    check_replaceable(folder, flag)
-    ours = written(folder)
-    if ours is not None:
-        remove_written(folder, ours)
-        return
-    for entry in folder.iterdir() if folder.is_dir() else ():
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    ours = _run_files(folder, flag)
+    remove_files(folder, ours)
+    with contextlib.suppress(FileNotFoundError):
+        (folder / MANIFEST).unlink()
 
 
 def holds_files(folder: str | os.PathLike) -> bool:
@@ -142,7 +164,8 @@ def holds_files(folder: str | os.PathLike) -> bool:
 def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     """The run's checkpoint-N folders, newest (largest N) first."""
     run_dir = Path(run_dir)
-    found = [p for p in run_dir.iterdir() if CHECKPOINT.fullmatch(p.name) and p.is_dir()] if run_dir.is_dir() else []
+    found = [p for p in run_dir.iterdir() if CHECKPOINT.fullmatch(p.name) and p.is_dir() and not p.is_symlink()] \
+        if run_dir.is_dir() else []
     return sorted(found, key=lambda p: int(CHECKPOINT.fullmatch(p.name).group(1)), reverse=True)
 
 
@@ -188,6 +211,10 @@ def resume_checkpoint(run_dir: str | os.PathLike, remove_unusable: bool = True) 
     rotation) and named on stderr; none usable is one clear error."""
     import sys
 
+    linked = [p.name for p in Path(run_dir).glob("checkpoint-*") if p.is_symlink()]
+    if linked:        # the Trainer would save into it, or rotate it away: outside the run's folder
+        raise MechEvalError(f"--resume: {Path(run_dir) / linked[0]} is a link, not one of the run's checkpoints; "
+                            "remove the link, then continue the run")
     found = checkpoints(run_dir)
     if not found:
         raise MechEvalError(f"--resume: {run_dir} has no checkpoint-* folder to continue from")
@@ -196,8 +223,8 @@ def resume_checkpoint(run_dir: str | os.PathLike, remove_unusable: bool = True) 
         problem = checkpoint_problem(path)
         if problem is None:
             for bad, why in unusable if remove_unusable else ():
-                print(f"resume: removing {bad}: {why}", file=sys.stderr)
                 remove_run_subfolder(Path(run_dir), bad)
+                print(f"resume: removed {bad}: {why}", file=sys.stderr)
             return path
         unusable.append((path, problem))
     bad, why = unusable[0]
@@ -361,13 +388,10 @@ class RunDir:
         """A fresh run: empty the folder (only if it is a run, ``clear_run_dir``), then write the
         command and the resolved arguments."""
         clear_run_dir(self.path)
-        write_text_atomic(self.path / self.COMMAND, command + "\n")
-        write_text_atomic(self.path / self.RECORD, json.dumps(record, indent=2, default=str) + "\n")
-        add_written(self.path, [self.COMMAND, self.RECORD])
+        write_run_file(self.path, self.COMMAND, command + "\n")
+        write_run_file(self.path, self.RECORD, json.dumps(record, indent=2, default=str) + "\n")
 
     def finish(self, metrics: dict) -> None:
         """metrics.json: the run is finished (its model card is written from it: ``model_card.py``).
         A NaN or infinite number (a diverged run's loss) is written as null: strict JSON."""
-        write_text_atomic(self.path / self.METRICS, json.dumps(finite_or_null(metrics), indent=2, allow_nan=False)
-                          + "\n", overwrite=True)
-        add_written(self.path, [self.METRICS])
+        write_run_file(self.path, self.METRICS, json.dumps(finite_or_null(metrics), indent=2, allow_nan=False) + "\n")

@@ -10,12 +10,13 @@ Layout::
 
 Publishing is all or nothing: the whole new folder (presets published earlier and not now
 hard-linked in, the new ones generated, the card) is staged beside it (``.FOLDER.XXXXXXXX.tmp``)
-and swapped in at once (Linux's atomic RENAME_EXCHANGE; elsewhere two renames, undone by the
-next publish if a kill falls between them). An interrupted publish leaves the previous data
-whole, never splits of two publishes, and a card that describes exactly the data beside it. The
-dataset folder holds only what publish writes (anything else is refused), and only the staged
-folders publish marks as its own are ever removed. The folder is locked while it is written,
-so two publishes never mix either.
+and swapped in at once (Linux's atomic RENAME_EXCHANGE; elsewhere two renames, see
+``_swap_folders``). An interrupted publish leaves the previous data whole, never splits of two
+publishes, and a card that describes exactly the data beside it. The dataset folder holds only
+what publish writes (anything else is refused), and only the staged folders publish marks as its
+own are ever removed (never through a link). The folder is locked while it is written, so two
+publishes never mix either. A folder named through a symbolic link is published where the link
+points: the folder there is replaced, atomically, and the link stays as it was.
 """
 from __future__ import annotations
 
@@ -69,6 +70,11 @@ def materialize(
         }
         for n in set(sizes[name].values()):
             tasks[name].check_size(n)
+    if folder.is_symlink():          # the folder it points to is replaced; the link stays a link
+        if not folder.is_dir():
+            raise MechEvalError(f"{folder} is a link to {os.readlink(folder)}, which is not a folder; publish into "
+                                "a folder")
+        folder = folder.resolve()
     if folder.resolve() == Path.cwd().resolve() or folder.resolve() in Path.cwd().resolve().parents:
         raise MechEvalError(f"{folder} holds the current folder; publish into a folder of its own")
     with locked_folder(folder):
@@ -101,10 +107,9 @@ def materialize(
                          "stats": split_stats}
                 write_text_atomic(stage / name / CARD_ENTRY, json.dumps(entry, indent=2) + "\n")
             write_text_atomic(stage / "README.md", dataset_card(_card_entries(stage, presets)))
-            (stage / STAGE_MARK).unlink()
             _swap_folders(stage, folder)           # the stage now holds the previous data
         finally:
-            if stage.exists():
+            if stage.exists() and not stage.is_symlink():
                 shutil.rmtree(stage)
     return folder
 
@@ -134,7 +139,7 @@ def _link_copy(source: Path, target: Path) -> None:
     allows (no data copied; the files are only ever replaced, never changed in place)."""
     target.mkdir()
     for path in source.iterdir():
-        if is_temporary(path.name) or not path.is_file():
+        if is_temporary(path.name) or path.is_symlink() or not path.is_file():
             continue
         try:
             os.link(path, target / path.name)
@@ -145,14 +150,22 @@ def _link_copy(source: Path, target: Path) -> None:
 def _swap_folders(stage: Path, folder: Path) -> None:
     """Put ``stage`` in place of ``folder`` in one step where Linux allows (renameat2's
     RENAME_EXCHANGE: the two names trade places atomically, so a reader or a kill sees the old
-    folder or the new one); elsewhere two renames, the previous folder marked so that a publish
-    killed between them is put back by the next one (``_recover``)."""
+    folder or the new one). Elsewhere two renames, each folder marked with its role until its
+    rename is done, so that the next publish (``_recover``) finishes or undoes a swap a kill cut
+    short, and removes the copy left over: a kill before the stage is renamed puts the previous
+    folder back; one after keeps the new folder and removes the previous one. Between the two
+    renames no folder stands at the name: POSIX renames replace only an empty folder and never
+    exchange two, so without RENAME_EXCHANGE that window can be made short, not closed (closing it
+    would need the dataset folder to be a link to versioned copies, which is not what a user hands
+    ``load_dataset``)."""
     if _exchange(stage, folder):
+        (folder / STAGE_MARK).unlink()
         return
     previous = temporary_beside(folder)
     write_text_atomic(folder / STAGE_MARK, json.dumps({"role": "previous"}) + "\n")
     os.rename(folder, previous)
-    os.rename(stage, folder)
+    os.rename(stage, folder)                   # the new folder keeps its "stage" mark until here
+    (folder / STAGE_MARK).unlink()
     os.rename(previous, stage)                 # removed by the caller, as the exchange leaves it
 
 
@@ -173,23 +186,34 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
+def _role(folder: Path) -> str | None:
+    """The role publish marked ``folder`` with ("stage", "previous"), or None (never through a link)."""
+    mark = folder / STAGE_MARK
+    if folder.is_symlink() or not folder.is_dir() or mark.is_symlink() or not mark.is_file():
+        return None
+    try:
+        role = json.loads(mark.read_text()).get("role")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return role if role in ("stage", "previous") else None
+
+
 def _recover(folder: Path) -> None:
-    """Before publishing: a previous folder that a killed publish left marked (see
-    ``_swap_folders``) is put back where the folder is empty, and the staged folders of killed
-    publishes beside it are removed. Temporaries without the mark are left alone."""
+    """Before publishing, finish or undo what a killed publish left (see ``_swap_folders``): the
+    folder's own mark is removed (a complete staged folder swapped in, or a previous one never
+    moved); a previous folder is put back where the folder is empty, and removed where a new one
+    stands; staged folders beside it are removed. Temporaries without a mark, and links, are left
+    alone."""
+    if _role(folder) is not None:
+        (folder / STAGE_MARK).unlink()
     for candidate in sorted(folder.parent.glob(f".{folder.name}.*.tmp")):
-        if not is_temporary(candidate.name) or not (candidate / STAGE_MARK).is_file():
-            continue
-        try:
-            role = json.loads((candidate / STAGE_MARK).read_text()).get("role")
-        except (OSError, ValueError, AttributeError):
-            continue
+        role = _role(candidate) if is_temporary(candidate.name) else None
         if role == "previous" and not any(folder.iterdir()):
             (candidate / STAGE_MARK).unlink()
             for entry in candidate.iterdir():
                 os.rename(entry, folder / entry.name)
             candidate.rmdir()
-        elif role == "stage":
+        elif role is not None:
             shutil.rmtree(candidate)
 
 

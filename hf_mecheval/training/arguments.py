@@ -11,6 +11,7 @@ validation every epoch and at the end.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from transformers import TrainingArguments
 
 from ..errors import ConfigError, MechEvalError
-from ..inputs import loads_finite
+from ..inputs import check_path, loads_finite
 from ..typed_config import check_int
 from ..adapters.native_config import count_native_parameters, is_native, native_config, native_model_type
 from ..models import ARCHITECTURES, get_architecture, model_classes
@@ -251,6 +252,7 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
             raise ConfigError(name, f"must be >= 1, got {value}")
     if not training.output_dir or not getattr(training, "output_dir_given", True):
         raise ConfigError("output_dir", "a run directory is required (--output_dir RUN_DIR)")
+    check_path("output_dir", training.output_dir)
     if run.resume and run.overwrite:
         raise ConfigError("resume", "--resume and --overwrite exclude each other")
     check_trainer_settings(training)
@@ -275,9 +277,32 @@ def check_trainer_settings(training) -> None:
     if (best or training.load_best_model_at_end) and not training.metric_for_best_model:
         raise ConfigError("metric_for_best_model", "is needed by --save_strategy best and --load_best_model_at_end; "
                                                    f"one of {', '.join(RUN_METRICS)}")
-    if training.metric_for_best_model and training.metric_for_best_model.removeprefix("eval_") not in RUN_METRICS:
+    if training.metric_for_best_model is not None and \
+            training.metric_for_best_model.removeprefix("eval_") not in RUN_METRICS:
         raise ConfigError("metric_for_best_model", f"must be one of {', '.join(RUN_METRICS)}, "
                                                    f"got {training.metric_for_best_model!r}")
+    if training.eval_accumulation_steps is not None:      # the evaluation loop takes steps modulo it
+        check_int("eval_accumulation_steps", training.eval_accumulation_steps, minimum=1)
+    if training.neftune_noise_alpha is not None and not training.neftune_noise_alpha >= 0:
+        raise ConfigError("neftune_noise_alpha", f"must be >= 0 (the noise's scale), got {training.neftune_noise_alpha}")
+    tpu_only = [str(getattr(d, "value", d)) for d in training.debug or [] if str(getattr(d, "value", d)) != "underflow_overflow"]
+    if tpu_only:
+        raise ConfigError("debug", f"{tpu_only[0]} is for TPUs (torch_xla), and this runs on "
+                                   f"{'a GPU' if torch.cuda.is_available() else 'a CPU'}; underflow_overflow works anywhere")
+    if training.dataloader_multiprocessing_context is not None and training.dataloader_num_workers < 1:
+        raise ConfigError("dataloader_multiprocessing_context", "starts the data loader's worker processes, and there "
+                                                                "are none: give --dataloader_num_workers too")
+    if training.fsdp and training.world_size <= 1:
+        raise ConfigError("fsdp", "shards the model over several processes, and this is one; start them with "
+                                  "accelerate launch, or leave --fsdp out")
+    if training.torch_compile:
+        from accelerate.utils import DynamoBackend
+
+        backend = str(training.torch_compile_backend or "inductor")
+        if backend.upper() not in DynamoBackend.__members__:
+            raise ConfigError("torch_compile_backend", f"must be one of {', '.join(sorted(b.lower() for b in DynamoBackend.__members__))}, "
+                                                       f"got {backend!r}")
+    check_scheduler(training)
     try:
         Trainer.get_optimizer_cls_and_kwargs(training)
     except (ImportError, ValueError, RuntimeError) as exc:        # e.g. bitsandbytes not installed
@@ -288,6 +313,27 @@ def check_trainer_settings(training) -> None:
             callback()                   # raises where its package is missing; logs nothing yet
     except (ImportError, RuntimeError, ValueError) as exc:
         raise ConfigError("report_to", f"{(str(exc).splitlines() or [''])[0]}") from None
+
+
+def check_scheduler(training) -> None:
+    """The learning-rate schedule built as the Trainer builds it, on a one-number model: its
+    arguments (``lr_scheduler_kwargs``: a JSON object, the ones that schedule takes, those it
+    needs) are checked by the schedule itself, before training instead of at its first step."""
+    import torch
+    from transformers import get_scheduler
+
+    kwargs = training.lr_scheduler_kwargs if training.lr_scheduler_kwargs is not None else {}
+    name = getattr(training.lr_scheduler_type, "value", training.lr_scheduler_type)
+    if not isinstance(kwargs, dict):
+        raise ConfigError("lr_scheduler_kwargs", f"must be a JSON object of the {name} schedule's arguments, got "
+                                                 f"{(kwargs if isinstance(kwargs, str) else json.dumps(kwargs))[:80]}")
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=training.learning_rate)
+    try:
+        get_scheduler(name, optimizer, num_warmup_steps=1, num_training_steps=10, scheduler_specific_kwargs=kwargs)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError("lr_scheduler_kwargs" if kwargs else "lr_scheduler_type",
+                          f"the {name} schedule refuses {json.dumps(kwargs)[:80]}: "
+                          f"{(str(exc).splitlines() or [''])[0][:200]}") from None
 
 
 def run_memory(config, task, train_size: int, eval_size: int, run: RunArguments, training) -> dict:

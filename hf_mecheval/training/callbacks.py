@@ -13,8 +13,7 @@ from transformers import TrainerCallback
 from ..errors import MechEvalError
 from ..interventions.engine import engine_for
 from ..interventions.grid import POSITIONS, cell, run_grid
-from ..atomic_files import write_text_atomic
-from ..runs.manifest import add_written
+from ..runs.manifest import write_run_file
 from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData
 
@@ -111,8 +110,7 @@ class RestorationCallback(TrainerCallback):
             self.measure(model, state.global_step)
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / HISTORY_FILE, json.dumps(self.history, indent=1) + "\n", overwrite=True)
-        add_written(out, [HISTORY_FILE])
+        write_run_file(out, HISTORY_FILE, json.dumps(self.history, indent=1) + "\n")
 
 
 class TrainingClock(TrainerCallback):
@@ -150,9 +148,9 @@ class TrainingClock(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and checkpoint.is_dir():
-            write_text_atomic(checkpoint / self.FILE, json.dumps(
-                {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "segments": self.segments}), overwrite=True)
-            add_written(args.output_dir, [checkpoint / self.FILE])
+            # recorded relative to the run folder (``args.output_dir`` may be relative to the current one)
+            write_run_file(args.output_dir, f"{checkpoint.name}/{self.FILE}", json.dumps(
+                {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "segments": self.segments}))
 
     def summary(self) -> dict:
         """What metrics.json records: wall and CPU seconds of training (CPU: None when a segment's

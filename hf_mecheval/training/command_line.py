@@ -124,6 +124,11 @@ def parse(argv: Sequence[str]):
         raise MechEvalError(f"{name}: {exc.message}" if name else str(exc)) from None
     except (ValueError, OverflowError) as exc:   # unknown keys; a value TrainingArguments cannot convert
         raise MechEvalError(str(exc).splitlines()[0]) from None
+    except (TypeError, KeyError) as exc:     # JSON of another shape (--accelerator_config '{"x": 1}')
+        raise MechEvalError(f"a flag's value does not fit: {(str(exc).splitlines() or [''])[0]}") from None
+    except ImportError as exc:      # a flag whose package is missing (--deepspeed without deepspeed)
+        raise MechEvalError(f"a flag needs a package that is not installed: {(str(exc).splitlines() or [''])[0]}") \
+            from None
     chosen = any(a.split("=")[0] in ("--lr_scheduler_type", "--lr-scheduler-type") for a in argv)
     _preset_schedule(data_args, training_args, chosen)
     return model_args, data_args, run_args, training_args

@@ -29,7 +29,7 @@ from typing import Any
 from ..children import run_child
 from ..errors import ConfigError, MechEvalError
 from ..atomic_files import write_text_atomic
-from ..inputs import loads_finite
+from ..inputs import check_path, loads_finite
 from ..locks import locked_folder
 from ..runs import RunDir
 from ..runs.run_dir import checkpoint_problem, checkpoints
@@ -119,6 +119,8 @@ def read_job_file(path: str | Path) -> Job:
     stack_dir = content.get("stack_dir")
     if stack_dir is not None and (not isinstance(stack_dir, str) or not stack_dir):
         raise ConfigError("stack_dir", f"{path}: the stack's folder must be a folder name, got {stack_dir!r}")
+    if stack_dir is not None:
+        check_path("stack_dir", stack_dir)
     if not content["runs"]:
         raise ConfigError("runs", f"{path} lists no runs")
     if stack_dir is None and len(content["runs"]) > 1:
@@ -131,6 +133,7 @@ def read_job_file(path: str | Path) -> Job:
         for key in ("name", "output_dir"):
             if not isinstance(run[key], str) or not run[key]:
                 raise ConfigError(key, f"entry {i} of {path}: {key} must be a non-empty string, got {run[key]!r}")
+        check_path("output_dir", run["output_dir"])
         if not isinstance(run["args"], dict):
             raise ConfigError("runs", f"the args of entry {i} of {path} must be an object of argument names to values")
         given = {**run["args"], "output_dir": run["output_dir"]}

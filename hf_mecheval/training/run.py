@@ -131,7 +131,7 @@ def training_command(training: Callable[[], tuple[dict, bool]]) -> int:
         print(f"mecheval train: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # e.g. an unwritable output_dir
-        where = f": {exc.filename}" if exc.filename else ""
+        where = f": {str(exc.filename)[:200]}" if exc.filename else ""
         print(f"mecheval train: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:    # Ctrl-C: one line, not a traceback from inside the training loop

@@ -38,13 +38,12 @@ from torch.utils.data import DataLoader
 
 from ..adapters.native_config import is_native
 from ..errors import ConfigError, MechEvalError
-from ..atomic_files import write_text_atomic
 from ..inputs import read_json
 from ..locks import locked_folder
 from ..models.stacked import StackedCausalLM
 from ..runs import RunDir
-from ..runs.manifest import add_written
-from ..runs.run_dir import check_replaceable, clear_run_dir, remove_run_subfolder, differences, holds_files, resume_checkpoint
+from ..runs.manifest import write_run_file
+from ..runs.run_dir import check_replaceable, checkpoints, clear_run_dir, remove_run_subfolder, differences, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
 from .callbacks import TrainingClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
@@ -366,9 +365,8 @@ def _train_stack(members, stack_dir, records, checkpoint, command, callbacks) ->
 
     if checkpoint is None:
         clear_run_dir(stack_dir)
-        write_text_atomic(stack_dir / "command.txt", (command or this_command()) + "\n", overwrite=True)
-        write_text_atomic(stack_dir / RECORDS, json.dumps(records, indent=2) + "\n", overwrite=True)
-        add_written(stack_dir, ["command.txt", RECORDS])
+        write_run_file(stack_dir, "command.txt", (command or this_command()) + "\n")
+        write_run_file(stack_dir, RECORDS, json.dumps(records, indent=2) + "\n")
     args = dataclasses.replace(first_training, output_dir=str(stack_dir), learning_rate=1.0, max_grad_norm=0.0)
     trainer = StackedTrainer(
         model=stacked, args=args, train_dataset=StackedTaskDataset(data["train"], K),
@@ -398,12 +396,11 @@ def _train_stack(members, stack_dir, records, checkpoint, command, callbacks) ->
             print(f"stacked run: copy {k} ({member.name}) diverged (non-finite gradients) at step {diverged[k]}",
                   file=sys.stderr)
         finals.append(finish_run(lone, splits, run_dir, extra))
-    for ckpt in stack_dir.glob("checkpoint-*"):        # every copy now lives in its own run directory
+    for ckpt in checkpoints(stack_dir):                # every copy now lives in its own run directory
         try:
             remove_run_subfolder(stack_dir, ckpt)
         except MechEvalError as exc:                   # a person's file in it: the checkpoint stays
             print(f"stacked run: {exc}; {ckpt} was left as it is", file=sys.stderr)
-    write_text_atomic(stack_dir / "finished.json", json.dumps(
-        {"runs": [m.name for m in members], "diverged_at_step": diverged}, indent=2) + "\n", overwrite=True)
-    add_written(stack_dir, ["finished.json"])
+    write_run_file(stack_dir, "finished.json", json.dumps(
+        {"runs": [m.name for m in members], "diverged_at_step": diverged}, indent=2) + "\n")
     return finals

@@ -303,7 +303,12 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
         return not folder.finished or (grid is not None and not folder.failure and not folder.grid_matches(grid))
 
     todo = [r for r in runs if to_do(r)]
-    outcome = {"finished": [], "skipped": [r.name for r in runs if r not in todo], "in_use": [], "failed": []}
+    # a run that failed before (it diverged, or trained zero steps) is not trained again (it would
+    # fail again), but it stays failed in every summary and exit status until it is retrained
+    failed_before = {r.name: RunDir(runs_dir / r.name).failure for r in runs if r not in todo}
+    outcome = {"finished": [], "skipped": [name for name, failure in failed_before.items() if not failure],
+               "in_use": [], "failed": [f"{name} ({failure}; failed before and not trained again: remove its folder "
+                                        "to retrain it)" for name, failure in failed_before.items() if failure]}
     jobs = plan_jobs(todo, runs_dir, stack)
     if progress and jobs:
         print(f"{len(jobs)} jobs, {workers} at a time with {threads} thread(s) each", file=sys.stderr)

@@ -21,6 +21,7 @@ from ..adapters.native_config import build_native_model, is_native
 from ..errors import MechEvalError
 from ..atomic_files import give_new_file_mode
 from ..models import model_classes, non_finite_parameters
+from ..models.modeling_mecheval import remote_code_files
 from ..runs import RunDir
 from ..runs.manifest import recording
 from ..runs.model_card import write_model_card
@@ -63,20 +64,32 @@ class MechEvalTrainer(Trainer):
             give_new_file_mode(Path(output_dir or self.args.output_dir).glob("*.safetensors"))
 
     def _save_checkpoint(self, model, trial):
-        with saving(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}", record=self.args.should_save):
+        with saving(Path(self.args.output_dir), f"checkpoint-{self.state.global_step}", record=self.args.should_save):
             super()._save_checkpoint(model, trial)
 
 
+# what the final save (``save_model`` and ``save_state`` into the run folder) may write there, besides
+# the model's code: recorded in the run's manifest before the save starts
+FINAL_SAVE_FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "training_args.bin",
+                    "trainer_state.json")
+
+
 @contextlib.contextmanager
-def saving(path: Path, record: bool = True):
-    """Writing ``path`` (a checkpoint, the final model): a failure — typically a full disk, which
-    torch.save reports only as a position mismatch — is one clear error, not a traceback. What
-    was cut short is never resumed from (``run_dir.resume_checkpoint``). What it wrote is recorded in the
-    run's manifest (``runs/manifest.py``) when ``record``."""
+def saving(run_dir: Path, into: str | None = None, record: bool = True):
+    """A Trainer's save into the run folder ``run_dir``: a checkpoint (``into``: its subfolder) or
+    the final model (``into`` None). A failure — typically a full disk, which torch.save reports
+    only as a position mismatch — is one clear error, not a traceback. What was cut short is never
+    resumed from (``run_dir.resume_checkpoint``). When ``record``, the save is recorded in the
+    run's manifest (``runs/manifest.py``) before it starts (the checkpoint's folder marked, the
+    final save's names listed) and what it wrote once it ends, so a save stopped by a SIGKILL or a
+    full disk is the run's all the same."""
+    path = run_dir / into if into else run_dir / "model.safetensors"
+    expected = [*FINAL_SAVE_FILES, *(p.name for p in remote_code_files())] if into is None else []
     try:
-        with recording(path.parent) if record else contextlib.nullcontext():
+        with recording(run_dir, saving=into, expected=expected) if record else contextlib.nullcontext():
             yield
-    except (OSError, RuntimeError, ValueError) as exc:
+    except (OSError, RuntimeError, ValueError, MechEvalError) as exc:
         try:
             free = shutil.disk_usage(path.parent).free
         except OSError:
@@ -162,7 +175,7 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
         print(f"{run_dir.name}, test document 0: "
               f"{decoded_example(trainer.model, trainer.processing_class, test.input_ids[0], test.labels[0])}",
               file=sys.stderr)
-        with saving(run_dir / "model.safetensors"):
+        with saving(run_dir):
             trainer.save_model(str(run_dir))        # with the tokenizer (the Trainer's processing_class)
             trainer.save_state()
         history = [{k: v for k, v in entry.items()} for entry in trainer.state.log_history]

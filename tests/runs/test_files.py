@@ -26,3 +26,22 @@ def test_grid_settings_round_trip_and_matching():
     # a grid from before settings were recorded: compared on its documents, split and seed
     legacy = {"examples": 320, "run": {"split": "test", "dataset_seed": 0}}
     assert GridSettings().matches(legacy, 0) and not GridSettings(n=256).matches(legacy, 0)
+
+
+@pytest.mark.parametrize("settings", [
+    [], "test", None, 7, {"split": "test"},                                        # another type; keys lost
+    {"n": 320, "split": "test", "seed": 0, "sites": None},                          # one key lost
+    {"n": 320, "split": "test", "seed": 0, "sites": None, "resamples": 1000, "x": 1},   # one added
+])
+def test_grid_settings_that_cannot_be_read_whole_match_nothing(settings):
+    """A grid whose recorded settings are not the whole record (another type, a key lost or added)
+    is never reused: it is made again, instead of being compared on the keys it kept."""
+    from hf_mecheval.runs.files import GridSettings
+
+    whole = {"n": 320, "split": "test", "seed": 0, "sites": None, "resamples": 1000}
+    grid = {"examples": 320, "run": {"split": "test", "dataset_seed": 0}}
+    assert GridSettings().matches({**grid, "settings": whole}, 0)
+    assert not GridSettings().matches({**grid, "settings": settings}, 0)
+    # a grid from before settings were recorded: each thing it is compared on must be there
+    assert not GridSettings().matches({"run": {"split": "test", "dataset_seed": 0}}, 0)
+    assert not GridSettings().matches({"examples": 320, "run": "test"}, 0)

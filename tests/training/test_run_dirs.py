@@ -168,7 +168,7 @@ def test_resume_skips_a_checkpoint_cut_short(tmp_path, capsys, whole, damage):
         weights.write_bytes(weights.read_bytes()[:100])
     capsys.readouterr()
     assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 0
-    assert f"removing {newest}" in capsys.readouterr().err
+    assert f"removed {newest}" in capsys.readouterr().err
     b = load_file(tmp_path / "run" / "model.safetensors")
     assert max((whole[k] - b[k]).abs().max().item() for k in whole) <= 1e-6
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
@@ -500,3 +501,24 @@ def test_a_run_whose_grid_fails_is_reported_failed_and_keeps_its_training(tmp_pa
     assert outcome["finished"] == [] and len(outcome["failed"]) == 1
     assert outcome["failed"][0].startswith(f"{name} (trained; its intervention grid failed: exit 2")
     assert (tmp_path / "tiny" / "runs" / name / "metrics.json").exists()
+
+
+def test_a_run_that_failed_stays_failed_in_every_later_summary(tmp_path, capsys):
+    """A diverged run is not trained again (it would diverge again), and a sweep run again still
+    reports it failed and exits 1, until its folder is removed and it is retrained."""
+    sweep = tiny_sweep(architecture=["transformer"], learning_rate=[0.001])
+    run_dir = tmp_path / "tiny" / "runs" / sweep.runs[0].name
+    assert launch(sweep, tmp_path, progress=False)["finished"]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics["final"]["failed"] = "it diverged: non-finite gradients from step 3"
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    for _ in range(2):
+        outcome = launch(sweep, tmp_path, progress=False)
+        assert not outcome["skipped"] and not outcome["finished"]
+        assert len(outcome["failed"]) == 1 and "diverged" in outcome["failed"][0], outcome
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "tiny", "task": "ar_32", "defaults": BASE,
+                                    "grids": [{"architecture": ["transformer"], "learning_rate": [0.001]}]}))
+    capsys.readouterr()
+    assert mecheval(["sweep", str(path), "--out", str(tmp_path)]) == 1
+    assert "1 failed" in capsys.readouterr().out
