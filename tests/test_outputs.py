@@ -291,3 +291,24 @@ def test_publishing_through_a_link_replaces_the_folder_it_points_to(tmp_path):
     assert mecheval(["data", "publish", "ar_32", "--out", str(tmp_path / "dangling"), "--train-size", "8",
                  "--eval-size", "4", "--overwrite"]) == 2
     assert not (tmp_path / "nowhere").exists() and (tmp_path / "dangling").is_symlink()
+
+
+def test_publish_over_planted_links_changes_nothing_outside(tmp_path):
+    """A dataset folder whose split files are links out of it, and links named like publish's
+    own temporaries and marked as its copies: --overwrite replaces the links (never writes through
+    them) and leaves the planted temporaries alone; the files they point to stay as they were."""
+    from hf_mecheval.tasks.publish import STAGE_MARK
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.parquet").write_text("precious")
+    (outside / STAGE_MARK).write_text(json.dumps({"role": "stage"}))
+    folder = materialize(["ar_32"], tmp_path / "pub", train_size=8, eval_size=4, seed=0, progress=False)
+    split = folder / "ar_32" / "train-00000-of-00001.parquet"
+    split.unlink()
+    split.symlink_to(outside / "precious.parquet")
+    (tmp_path / ".pub.0123abcd.tmp").symlink_to(outside)
+    materialize(["ar_32"], folder, train_size=8, eval_size=4, seed=1, overwrite=True, progress=False)
+    assert (outside / "precious.parquet").read_text() == "precious" and (outside / STAGE_MARK).is_file()
+    assert (tmp_path / ".pub.0123abcd.tmp").is_symlink() and not split.is_symlink()
+    assert json.loads((folder / "ar_32" / "card.json").read_text())["seed"] == 1
