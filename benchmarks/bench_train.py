@@ -67,17 +67,23 @@ def trainer_steps(model, data: PaddedTaskDataset, steps: int, out: str) -> list[
     return timer.times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def step_benchmark(description: str, only: list[str], steps: int, threads: int):
+    """The flags of a benchmark that times training steps (--hidden --steps --rounds --only
+    --threads), read, the threads set, and the AR task with enough batches of 32: (args, task, data)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", nargs="+", default=ARCHS)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", nargs="+", default=only)
+    parser.add_argument("--threads", type=int, default=threads)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     task = build_task("ar_32")
-    data = PaddedTaskDataset(task.generate(32 * args.steps, "train", seed=0))
+    return args, task, PaddedTaskDataset(task.generate(32 * args.steps, "train", seed=0))
+
+
+def main() -> None:
+    args, task, data = step_benchmark(__doc__.splitlines()[0], ARCHS, steps=60, threads=2)
     print(f"hidden {args.hidden}, AR (vocabulary {task.vocab_size}, length 37), batch 32, {args.threads} threads; "
           f"median ms per step after 5 warm-up steps, {args.rounds} rounds interleaved")
     print(f"{'architecture':<12} {'bare':>8} {'Trainer':>8} {'overhead':>9} {'examples/s (Trainer)':>21}")

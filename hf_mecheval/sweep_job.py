@@ -24,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import MechEvalError
     from .reports.evaluate_run import evaluate_run, summary_lines
     from .runs import RunDir
+    from .training.progress import progress_path, write_progress
     from .training.run import job_arguments, train_job_file, training_command
 
     follow_parent()              # started by a sweep: stop with it
@@ -47,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"=== mecheval evaluate {spec.output_dir} {' '.join(job.grid.flags())}"
               f"{' --overwrite' if run.evaluated else ''}", flush=True)
+        write_progress(progress_path(job.path), {"runs": [name for name, _ in job.runs], "phase": "interventions",
+                                                 "run": run.path.name})
         grid = job.grid
         try:
             result = evaluate_run(spec.output_dir, n=grid.n, split=grid.split, seed=grid.seed,

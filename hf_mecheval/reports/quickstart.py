@@ -2,8 +2,9 @@
 
 Trains eight models on a reduced AR setting, runs the intervention grid on each, and writes
 ``runs/quickstart/`` (``report.md``, figures, ``summary.json``/``.csv``, one run directory per
-model). The report checks the paper's headline on this setting and says plainly which parts it
-reproduces and which it does not, with the figures. Runs that already finished are reused, so
+model); while it trains, it shows each run in flight (``training/progress.py``). The report
+checks the paper's headline on this setting and says plainly which parts it reproduces and which
+it does not, with the figures. Runs that already finished are reused, so
 an interrupted quickstart continues where it stopped — only if they were trained with the
 arguments asked for now: a ``--tiny`` folder is refused for the full quickstart, naming what differs.
 

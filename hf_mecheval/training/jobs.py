@@ -4,7 +4,9 @@
 starts the process that trains it (``python -m hf_mecheval.training.run --job JOB.json``, or
 ``python -m hf_mecheval.sweep_job JOB.json``, which then makes the intervention grid the file
 asks for), resumes a run a killed worker left with a complete checkpoint, leaves alone a run
-folder another process holds, and appends the process's output to the job's log.
+folder another process holds, and appends the process's output to the job's log. The process
+keeps ``NAME.progress.json`` beside the job file up to date (``progress.py``: what the sweep
+shows of the job in flight).
 
 A job file (``NAME.job.json`` beside the job's log)::
 
@@ -34,6 +36,7 @@ from ..locks import locked_folder
 from ..runs import RunDir
 from ..runs.run_dir import checkpoint_problem, checkpoints
 from ..runs.files import GridSettings
+from .progress import progress_path
 from .spec import RunSpec
 
 
@@ -147,6 +150,16 @@ def read_job_file(path: str | Path) -> Job:
     return Job(Path(path), runs, values, None if stack_dir is None else Path(stack_dir), grid)
 
 
+def job_log(job: Run | Stack, runs_dir: Path) -> Path:
+    """A job's log: ``runs/NAME.log``, or for a stack ``stacks/NAME.log`` beside ``runs/``."""
+    return (runs_dir.parent / "stacks" if isinstance(job, Stack) else runs_dir) / f"{job.name}.log"
+
+
+def job_file_path(job: Run | Stack, runs_dir: Path) -> Path:
+    """A job's file, beside its log (its progress file too: ``progress.progress_path``)."""
+    return job_log(job, runs_dir).with_name(f"{job.name}.job.json")
+
+
 def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = None,
             grid: GridSettings | None = None) -> dict:
     """Run one training process (a run, or a stack of runs) with ``threads`` CPU threads (and only
@@ -163,12 +176,12 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
+    log = job_log(job, runs_dir)
     if isinstance(job, Stack):
         stack_dir = runs_dir.parent / "stacks" / job.name
         folders = [stack_dir, *(runs_dir / r.name for r in job.runs)]
-        log = runs_dir.parent / "stacks" / f"{job.name}.log"
     else:
-        stack_dir, folders, log = None, [runs_dir / job.name], runs_dir / f"{job.name}.log"
+        stack_dir, folders = None, [runs_dir / job.name]
     busy = _in_use(folders)
     if busy:    # another process (a second sweep, or one killed before it could stop its children) writes there
         return {"name": job.name, "runs": job.run_names(), "returncode": 2, "in_use": True,
@@ -177,7 +190,8 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
     if trained and grid is None:
         return {"name": job.name, "runs": job.run_names(), "returncode": 0, "log": str(log)}
     log.parent.mkdir(parents=True, exist_ok=True)
-    job_file = write_job_file(log.with_name(f"{job.name}.job.json"), job, runs_dir, stack_dir, grid)
+    job_file = write_job_file(job_file_path(job, runs_dir), job, runs_dir, stack_dir, grid)
+    progress_path(job_file).unlink(missing_ok=True)      # an earlier sweep's: this job has not started yet
     restart = [] if trained else _restart_flags(folders[0], *folders[1:])
     if grid is None:
         cmd = [sys.executable, "-m", "hf_mecheval.training.run", "--job", str(job_file), *restart]
@@ -185,9 +199,11 @@ def execute(job: Run | Stack, runs_dir: str, threads: int, device: str | None = 
         # one process trains, then makes the grid (hf_mecheval/sweep_job.py): a second process
         # would import torch and transformers again, ~8 s on a 2-core machine
         cmd = [sys.executable, "-m", "hf_mecheval.sweep_job", str(job_file), *restart]
+    started = time.monotonic()
     with open(log, "a") as handle:
         returncode = _logged_child(cmd, handle, env)
-    return {"name": job.name, "runs": job.run_names(), "returncode": returncode, "log": str(log)}
+    return {"name": job.name, "runs": job.run_names(), "returncode": returncode, "log": str(log),
+            "seconds": round(time.monotonic() - started, 1)}
 
 
 def _logged_child(cmd: list[str], handle, env: dict) -> int:

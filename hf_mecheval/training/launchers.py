@@ -22,9 +22,12 @@ from ..children import follow_parent, run_child, stop_children
 from ..errors import ConfigError, MechEvalError
 from ..atomic_files import write_text_atomic
 from ..runs.files import GridSettings
-from .jobs import execute, job_from_record, job_record
+from ..runs import RunDir
+from .jobs import execute, job_file_path, job_from_record, job_record
+from .progress import ProgressBoard
 
 LAUNCHERS = ("local", "ray")
+TICK_SECONDS = 1.0         # how often the launcher looks at the jobs in flight (the board draws when due)
 
 
 def run_jobs(launcher: str, jobs: list, runs_dir: Path, threads: int, devices: list, progress: bool,
@@ -70,24 +73,45 @@ def plan_workers(workers: int | str = "auto", threads: int | None = None) -> tup
     return workers, threads, devices
 
 
+def progress_board(todo, runs_dir, progress: bool) -> ProgressBoard:
+    """The board that shows ``todo``'s jobs in flight on stderr (nowhere when not ``progress``)."""
+    return ProgressBoard([(job.name, job_file_path(job, Path(runs_dir))) for job in todo],
+                         stream=sys.stderr if progress and todo else None)
+
+
+def training_seconds(results: list[dict], runs_dir) -> dict[str, float | None]:
+    """Each run's training wall time (metrics.json), for the board's last lines."""
+    seconds = {}
+    for result in results:
+        for name in result.get("runs", []):
+            folder = RunDir(Path(runs_dir) / name)
+            try:
+                seconds[name] = folder.metrics()["final"].get("train_wall_seconds") if folder.finished else None
+            except MechEvalError:
+                seconds[name] = None
+    return seconds
+
+
 def _launch_local(todo, runs_dir, threads, devices, progress, grid):
     """One thread per process slot; a job takes a free slot (and its GPU) and gives it back. If
-    this process is interrupted, no job starts any more and the running ones are stopped."""
+    this process is interrupted, no job starts any more and the running ones are stopped. This
+    thread shows the jobs in flight meanwhile (``ProgressBoard``)."""
     import queue
     import threading
-    from concurrent.futures import ThreadPoolExecutor
-    from tqdm.auto import tqdm
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     slots: queue.Queue = queue.Queue()
     for device in devices:
         slots.put(device)
     stopping = threading.Event()
+    board = progress_board(todo, runs_dir, progress)
 
     def in_a_slot(job):
         device = slots.get()
         try:
             if stopping.is_set():
                 return {"name": job.name, "runs": job.run_names(), "returncode": -1, "log": "not started"}
+            board.started(job.name)
             return execute(job, str(runs_dir), threads, device, grid)
         finally:
             slots.put(device)
@@ -95,7 +119,16 @@ def _launch_local(todo, runs_dir, threads, devices, progress, grid):
     pool = ThreadPoolExecutor(max_workers=len(devices))
     try:
         futures = [pool.submit(in_a_slot, job) for job in todo]
-        return [f.result() for f in tqdm(futures, desc="jobs", disable=not progress or not todo)]
+        order = {future: i for i, future in enumerate(futures)}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=TICK_SECONDS, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=order.get):
+                board.ended(future.result())
+            board.tick()
+        results = [f.result() for f in futures]
+        board.close(training_seconds(results, runs_dir))
+        return results
     except BaseException:            # Ctrl-C, or any error here: the children must not run on
         stopping.set()
         stop_children()
@@ -129,18 +162,28 @@ def _import_ray():
 
 
 def _on_ray(ray, todo, runs_dir, threads, progress, grid) -> list[dict]:
-    from tqdm.auto import tqdm
-
+    """The jobs as Ray tasks; the board shows a job from its first progress file (where the
+    cluster's machines share the runs folder with this one)."""
     remote = ray.remote(num_cpus=threads, max_retries=2)(execute)
     refs = [remote.remote(job, str(runs_dir), threads, None, grid) for job in todo]
-    results = []
-    for job, ref in zip(todo, tqdm(refs, desc="jobs", disable=not progress or not todo)):
-        try:
-            results.append(ray.get(ref))
-        except Exception as exc:  # a worker that died beyond its retries
-            results.append({"name": job.name, "runs": job.run_names(), "returncode": -1,
-                            "log": f"ray: {type(exc).__name__}"})
-    return results
+    jobs = dict(zip(refs, todo))
+    board = progress_board(todo, runs_dir, progress)
+    results: dict = {}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=TICK_SECONDS)
+        for ref in ready:
+            job = jobs[ref]
+            try:
+                results[ref] = ray.get(ref)
+            except Exception as exc:  # a worker that died beyond its retries
+                results[ref] = {"name": job.name, "runs": job.run_names(), "returncode": -1,
+                                "log": f"ray: {type(exc).__name__}"}
+            board.ended(results[ref])
+        board.tick()
+    ordered = [results[ref] for ref in refs]
+    board.close(training_seconds(ordered, runs_dir))
+    return ordered
 
 
 def _in_a_closed_local_cluster(todo, runs_dir, threads, progress, grid) -> list[dict]:

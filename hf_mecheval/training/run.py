@@ -40,6 +40,7 @@ from .command_line import this_command, values_as_flags
 from .data import batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
 from .jobs import Job, read_job_file
+from .progress import ProgressFile, progress_path
 from .spec import RunSpec
 from .stacked import Member, train_stacked
 from .trainer import MechEvalTrainer, build_run_model, finish_run, load_task_splits, padded_splits, run_trainer
@@ -70,8 +71,9 @@ def _prepare_run_dir(run_dir: Path, run: RunArguments, main_process: bool, reque
     return None
 
 
-def train(spec: RunSpec, callbacks: Sequence = (), command: str | None = None) -> dict:
-    """Train one model; returns the final metrics (also written to ``metrics.json``)."""
+def train(spec: RunSpec, callbacks: Sequence = (), command: str | None = None, progress: Path | None = None) -> dict:
+    """Train one model; returns the final metrics (also written to ``metrics.json``). ``progress``:
+    a progress file to keep while it trains (a sweep's job: ``progress.py``), or None."""
     run_args, training_args = spec.run, spec.training
     run_dir = Path(training_args.output_dir)
     main_process = training_args.process_index == 0
@@ -103,6 +105,8 @@ def train(spec: RunSpec, callbacks: Sequence = (), command: str | None = None) -
 
             probe = spec.task.generate(run_args.restoration_examples, "validation", spec.data.dataset_seed)
             trainer.add_callback(RestorationCallback(trainer, spec.task, probe, run_args.restoration_every_n_steps))
+        if progress is not None and main_process:
+            trainer.add_callback(ProgressFile(progress, [run_dir.name], trainer.loss_meter))
         run_trainer(trainer, checkpoint)
         return finish_run(trainer, splits, run_dir, clock.summary())
 
@@ -163,16 +167,20 @@ def train_job_file(job: Job, restart: str | None = None) -> tuple[dict, bool]:
     """Train a job file's runs: one alone, several as one stack (``training/stacked.py``, one
     process); returns each run's final metrics by name, and whether this is the main process.
     ``restart``: "resume", "overwrite" or None. command.txt says how to train the run again: a
-    lone run's ``mecheval train`` flags, a stack's job file."""
+    lone run's ``mecheval train`` flags, a stack's job file. Its progress goes to the job's progress
+    file (``progress.py``)."""
+    progress = progress_path(job.path)
     if job.stack_dir is None:
         (name, spec), = job.runs
         resumed = dataclasses.replace(spec.run, resume=restart == "resume", overwrite=restart == "overwrite")
         command = this_command(values_as_flags(job.values[0]) + ["--output_dir", spec.output_dir],
                                prog="mecheval train")
-        return {name: train(dataclasses.replace(spec, run=resumed), command=command)}, spec.training.process_index == 0
+        return ({name: train(dataclasses.replace(spec, run=resumed), command=command, progress=progress)},
+                spec.training.process_index == 0)
     members = [Member(name, spec) for name, spec in job.runs]
     finals = train_stacked(members, job.stack_dir, resume=restart == "resume", overwrite=restart == "overwrite",
-                           command=this_command(["--job", str(job.path)], prog="python -m hf_mecheval.training.run"))
+                           command=this_command(["--job", str(job.path)], prog="python -m hf_mecheval.training.run"),
+                           progress=progress)
     return {m.name: f for m, f in zip(members, finals)}, True
 
 

@@ -49,6 +49,7 @@ from .callbacks import TrainingClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
 from .evaluation import answer_logits_summary, compute_answer_metrics
 from .command_line import this_command
+from .progress import ProgressFile
 from .spec import RunSpec
 from .trainer import (MechEvalTrainer, build_run_model, data_seed, finish_run, load_task_splits, padded_splits,
                       run_trainer)
@@ -181,11 +182,15 @@ class StackedTrainer(MechEvalTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         out = model(**inputs)
         losses = out.losses.detach()
+        self._step_losses = losses
         self._loss_sum = losses if self._loss_sum is None else self._loss_sum + losses
         self._total_loss = losses if self._total_loss is None else self._total_loss + losses
         self._loss_steps += 1
         self._total_steps += 1
         return (out.loss, out) if return_outputs else out.loss
+
+    def step_losses(self, loss: torch.Tensor) -> torch.Tensor:
+        return self._step_losses        # (K,): each copy's, where ``loss`` is their sum
 
     def log(self, logs: dict, start_time=None) -> None:
         logs = dict(logs)
@@ -334,8 +339,9 @@ def _check_records(stack_dir: Path, records: dict) -> None:
 
 
 def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = False, overwrite: bool = False,
-                  command: str | None = None, callbacks: Sequence = ()) -> list[dict]:
-    """Train the members as one stack; returns each member's final metrics (also in its run directory)."""
+                  command: str | None = None, callbacks: Sequence = (), progress: Path | None = None) -> list[dict]:
+    """Train the members as one stack; returns each member's final metrics (also in its run directory).
+    ``progress``: a progress file to keep (``progress.py``), or None."""
     if not members:
         raise ConfigError("runs", "a stack needs at least one run")
     refuse_native(members)
@@ -350,10 +356,10 @@ def train_stacked(members: list[Member], stack_dir: str | Path, resume: bool = F
         for folder in [stack_dir, *(Path(m.training.output_dir) for m in members)]:
             locks.enter_context(locked_folder(folder))
         checkpoint = _prepare_stack_dir(stack_dir, members, records, resume, overwrite)
-        return _train_stack(members, stack_dir, records, checkpoint, command, callbacks)
+        return _train_stack(members, stack_dir, records, checkpoint, command, callbacks, progress)
 
 
-def _train_stack(members, stack_dir, records, checkpoint, command, callbacks) -> list[dict]:
+def _train_stack(members, stack_dir, records, checkpoint, command, callbacks, progress) -> list[dict]:
     first = members[0].spec
     task, first_training = first.task, first.training
     data = load_task_splits(first, main_process=True)
@@ -375,6 +381,8 @@ def _train_stack(members, stack_dir, records, checkpoint, command, callbacks) ->
         data_seeds=[data_seed(m.training) for m in members], max_grad_norm=first_training.max_grad_norm)
     clock = TrainingClock(checkpoint)
     trainer.add_callback(clock)
+    if progress is not None:
+        trainer.add_callback(ProgressFile(progress, [m.name for m in members], trainer.loss_meter))
     run_trainer(trainer, checkpoint)
 
     diverged = trainer._stacked_optimizer().diverged_at.tolist()

@@ -29,10 +29,27 @@ from ..tasks.presets import get_preset
 from .arguments import RunArguments
 from .data import EpochShuffleSampler, PaddedTaskDataset
 from .evaluation import decoded_example
+from .progress import RunningLoss
 
 
 class MechEvalTrainer(Trainer):
-    """transformers' Trainer with the training order of ``data.epoch_order`` (no global RNG)."""
+    """transformers' Trainer with the training order of ``data.epoch_order`` (no global RNG), and
+    the loss of each step kept for a progress line (``loss_meter``, ``progress.py``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_meter = RunningLoss()
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # the value transformers adds up for its own loss log (already detached): summed where it
+        # lies, never waited for here
+        self.loss_meter.add(self.step_losses(loss))
+        return loss
+
+    def step_losses(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss of this step as a progress line shows it (a stack: one per copy)."""
+        return loss
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset

@@ -1,6 +1,7 @@
 """`mecheval quickstart --tiny` end to end, and `mecheval report`."""
 import csv
 import json
+import re
 
 import pytest
 
@@ -9,10 +10,28 @@ from hf_mecheval.cli import main as mecheval
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+def qs_plan():
+    from hf_mecheval.reports.quickstart import PLAN
+
+    return PLAN
+
+
 def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys, monkeypatch):
     out = tmp_path / "qs"
     assert mecheval(["quickstart", "--tiny", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    # progress: a line as each job ends, then each job's wall time beside its run's training time
+    # (stderr is no terminal here: plain lines, as in a log file)
+    ended = re.findall(r"^\[(\d)/8\] (\w+): done in \d+:\d\d$", captured.err, re.M)
+    assert [int(k) for k, _ in ended] == list(range(1, 9))
+    assert sorted(name for _, name in ended) == sorted(qs_plan().models)
+    table = captured.err.split("wall time of each job")[1].splitlines()[1:]
+    assert [row.split()[0] for row in table] == [name for _, name in ended]
+    assert all("(training 0:0" in row for row in table) and "\x1b" not in captured.err
+    # each job's log has its progress lines; its progress file ends with the intervention grid
+    assert "step 20/20, epoch" in (out / "runs" / "h3.log").read_text()
+    assert json.loads((out / "runs" / "h3.progress.json").read_text())["phase"] == "interventions"
     summary = json.loads((out / "summary.json").read_text())
     rows = {r["label"]: r for r in summary["rows"]}
     assert set(rows) == {"transformer", "based", "mamba (conv 4)", "mamba (conv 0)", "hyena", "h3", "baseconv",
