@@ -196,7 +196,7 @@ def _report(args: argparse.Namespace) -> int:
         raise MechEvalError("give run directories, or --results DIR")
     result = write_report(args.runs, args.out, overwrite=args.overwrite)
     print(markdown_table(result["rows"]), end="")
-    print(f"report: {args.out}/report.md")
+    print(f"report: {args.out}/report.md, on one page: {args.out}/report.html")
     return 0
 
 
@@ -393,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = commands.add_parser("report", help="tables and figures from run directories",
                               description="Accuracy, restoration @key/@value/@query at the last layer's input and "
-                                          "mechanism labels of runs, as report.md, CSV/JSON and figures.")
+                                          "mechanism labels of runs, as report.md, CSV/JSON and figures, and all of "
+                                          "it on one self-contained page, report.html.")
     rep.add_argument("runs", nargs="*", help="run directories (evaluated ones include intervention results)")
     rep.add_argument("--out", default="runs/report", help="output folder (default runs/report)")
     rep.add_argument("--overwrite", action="store_true",

@@ -1,10 +1,10 @@
 """``mecheval quickstart``: a small version of the paper's main experiment on a CPU.
 
 Trains eight models on a reduced AR setting, runs the intervention grid on each, and writes
-``runs/quickstart/`` (``report.md``, figures, ``summary.json``/``.csv``, one run directory per
-model); while it trains, it shows each run in flight (``training/progress.py``). The report
-checks the paper's headline on this setting and says plainly which parts it reproduces and which
-it does not, with the figures. Runs that already finished are reused, so
+``runs/quickstart/`` (``report.md``, ``report.html``, figures, ``summary.json``/``.csv``, one run
+directory per model); while it trains, it shows each run in flight (``training/progress.py``).
+The report checks the paper's headline on this setting and says plainly which parts it
+reproduces and which it does not, with the figures. Runs that already finished are reused, so
 an interrupted quickstart continues where it stopped — only if they were trained with the
 arguments asked for now: a ``--tiny`` folder is refused for the full quickstart, naming what differs.
 
@@ -142,14 +142,12 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     rows = dict(zip(plan.models, collect_runs([runs_dir / n for n in plan.models])))
     checks = headline(rows)
     minutes = (time.perf_counter() - started) / 60
-    lines = [f"Setting: {json.dumps(setting)}; seed {seed}; learning rates {json.dumps(plan.learning_rates())}; "
-             f"epochs {json.dumps(plan.epochs()) if 'max_steps' not in setting else setting['max_steps']}; "
-             f"interventions on {grid.n} test documents, key corrupted, residual stream at the input of "
-             f"the last layer. Wall time of this invocation: {minutes:.1f} min.", "", "## The paper's headline here", ""]
-    lines += [f"- {'**reproduced**' if c['holds'] else '**not reproduced**'}: {c['claim']} — {c['figures']}"
-              for c in checks]
+    preamble = (f"Setting: {json.dumps(setting)}; seed {seed}; learning rates {json.dumps(plan.learning_rates())}; "
+                f"epochs {json.dumps(plan.epochs()) if 'max_steps' not in setting else setting['max_steps']}; "
+                f"interventions on {grid.n} test documents, key corrupted, residual stream at the input of "
+                f"the last layer. Wall time of this invocation: {minutes:.1f} min.")
     report = write_report([runs_dir / n for n in plan.models], out, overwrite=True, title="hf-mecheval quickstart",
-                          preamble="\n".join(lines))
+                          preamble=preamble, verdicts=checks, verdicts_title="The paper's headline here")
     summary = {"setting": setting, "seed": seed, "learning_rates": plan.learning_rates(), "epochs": plan.epochs(),
                "minutes": minutes, "checks": checks,
                "rows": report["rows"], "figures": report["figures"]}
@@ -157,5 +155,5 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     print(markdown_table(report["rows"]), end="")
     for c in checks:
         print(f"{'reproduced    ' if c['holds'] else 'NOT reproduced'}  {c['claim']}  ({c['figures']})")
-    print(f"report: {out / 'report.md'} ({minutes:.1f} min)")
+    print(f"report: {out / 'report.md'}, on one page: {out / 'report.html'} ({minutes:.1f} min)")
     return summary

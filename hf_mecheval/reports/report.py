@@ -12,7 +12,9 @@ Each run directory holds ``run.json`` and ``metrics.json`` (from ``mecheval trai
 * ``layers.png`` — restoration at every layer's input (rows: runs; columns: layer x position);
 * ``conv_kernel.png`` — accuracy against the short-convolution width, one line per architecture
   and learning rate through the mean over seeds (each seed a small point), when runs vary it;
-* ``report.md`` — the table and the figures.
+* ``report.md`` — the table and the figures;
+* ``report.html`` — all of it on one self-contained page, with each run's mechanism grid as a
+  heatmap of restoration by site and position (``html_report.py``).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from ..runs.manifest import claim_output_folder, recording
 from ..runs import RunDir  # noqa: E402
 from ..runs.files import format_score, last_layer_summary  # noqa: E402
 from ..runs.run_dir import init_scheme_of  # noqa: E402
+from .html_report import html_page  # noqa: E402
 from .plots import save_figure  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
@@ -64,7 +67,12 @@ def model_label(model: dict) -> str:
 
 
 def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
-    rows = []
+    return [row for row, _ in collect_runs_and_grids(run_dirs)]
+
+
+def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict | None]]:
+    """Each run's row (``runs.json``), with its interventions.json (None before ``mecheval evaluate``)."""
+    out = []
     for run_dir in map(RunDir, run_dirs):
         record, metrics = run_dir.finished_run()
         final, model = metrics["final"], record["model"]
@@ -93,8 +101,8 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
             # inside the mixer (short-conv output, recurrent state, mixer output), key corrupted
             row["component_scores"] = {f"{site}@{p}": c["restoration"] for (site, p), c in by.items()
                                        if p in POSITIONS and site.split(".", 2)[2] in COMPONENTS}
-        rows.append(row)
-    return rows
+        out.append((row, result))
+    return out
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -209,19 +217,24 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-mecheval report",
-                 preamble: str = "", overwrite: bool = False) -> dict:
-    """report.md, runs.csv/json and the figures of ``run_dirs`` in the folder ``out``, which must
-    hold only files hf-mecheval wrote there (``claim_output_folder``) unless ``overwrite``."""
+                 preamble: str = "", overwrite: bool = False, verdicts: list[dict] | None = None,
+                 verdicts_title: str = "Verdicts") -> dict:
+    """report.md, report.html, runs.csv/json and the figures of ``run_dirs`` in the folder ``out``,
+    which must hold only files hf-mecheval wrote there (``claim_output_folder``) unless
+    ``overwrite``. ``verdicts``: claims checked on these runs ({"claim", "holds", "figures"}),
+    listed under ``verdicts_title``."""
     out = Path(out)
-    rows = collect_runs(run_dirs)
-    if not rows:
+    collected = collect_runs_and_grids(run_dirs)
+    if not collected:
         raise MechEvalError("no runs to report")
     claim_output_folder(out, overwrite)
     with recording(out):
-        return _write_report(rows, out, title, preamble)
+        return _write_report(collected, out, title, preamble, verdicts or [], verdicts_title)
 
 
-def _write_report(rows: list[dict], out: Path, title: str, preamble: str) -> dict:
+def _write_report(collected: list[tuple[dict, dict | None]], out: Path, title: str, preamble: str,
+                  verdicts: list[dict], verdicts_title: str) -> dict:
+    rows = [row for row, _ in collected]
     made = figures(rows, out)
     flat = [{k: v for k, v in r.items() if k not in ("layer_scores", "component_scores")} for r in rows]
     buffer = io.StringIO()
@@ -231,7 +244,15 @@ def _write_report(rows: list[dict], out: Path, title: str, preamble: str) -> dic
     writer.writerows(flat)
     write_text_atomic(out / "runs.csv", buffer.getvalue(), overwrite=True)
     write_text_atomic(out / "runs.json", json.dumps(rows, indent=1) + "\n", overwrite=True)
-    body = [f"# {title}", "", preamble, "", markdown_table(rows), ""]
+    body = [f"# {title}", "", preamble, ""]
+    if verdicts:
+        body += [f"## {verdicts_title}", ""]
+        body += [f"- {'**reproduced**' if v['holds'] else '**not reproduced**'}: {v['claim']} — {v['figures']}"
+                 for v in verdicts]
+        body += [""]
+    body += [markdown_table(rows), ""]
     body += [f"![{p.stem}]({p.name})" for p in made]
     write_text_atomic(out / "report.md", "\n".join(body) + "\n", overwrite=True)
+    page = html_page(title, preamble, rows, [grid for _, grid in collected], made, verdicts, verdicts_title)
+    write_text_atomic(out / "report.html", page, overwrite=True)
     return {"rows": rows, "figures": [str(p) for p in made], "out": str(out)}

@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+from html_checks import cell_texts, chromium, embedded_pngs, parse_page, render_in_chromium
 
 from hf_mecheval.cli import main as mecheval
 
@@ -52,6 +53,7 @@ def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys, monkeypatch):
     assert "mamba (conv 0)" in printed and "report:" in printed
     runs = list(csv.DictReader((out / "runs.csv").open()))
     assert len(runs) == 8
+    check_report_page(out, summary)
     # a second invocation reuses the finished runs and their intervention grids
     made = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/*.safetensors")}
     made.update({p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/interventions/interventions.json")})
@@ -80,6 +82,29 @@ def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "cannot reuse" in err and "task.train_size: 256 there, 128 asked" in err
     assert (out / "summary.json").read_text() == before
+
+
+def check_report_page(out, summary):
+    """report.html: well formed, self-contained, the headline's verdicts, and every run's grid cell
+    for cell as its interventions.json has it; no console error where Chromium can render it."""
+    page = parse_page((out / "report.html").read_text())
+    assert page.errors == [] and len(embedded_pngs(page)) == len(summary["figures"])
+    verdicts = cell_texts(page.tables[0])[1:]
+    assert [(v, c) for v, c, _ in verdicts] == [("reproduced" if c["holds"] else "not reproduced", c["claim"])
+                                                for c in summary["checks"]]
+    assert sorted(page.runs) == sorted(f"run-{name}" for name in qs_plan().models)
+    for name in qs_plan().models:
+        result = json.loads((out / "runs" / name / "interventions" / "interventions.json").read_text())
+        tables = page.runs[f"run-{name}"]
+        assert len(tables) == len(result["corruptions"])
+        for table, corruption in zip(tables, result["corruptions"].values()):
+            shown = {(r[0], p): text for r in cell_texts(table)[1:] for p, text in zip(result["positions"], r[1:])}
+            assert len(shown) == len(result["sites"]) * len(result["positions"])
+            for c in corruption["cells"]:
+                value = c["restoration"]
+                assert shown[(c["site"], c["position"])] == ("n/a" if value is None else f"{value:.2f}")
+    if chromium() is not None:
+        assert render_in_chromium(out / "report.html") == []
 
 
 def test_report_command_and_errors(tmp_path, capsys):
