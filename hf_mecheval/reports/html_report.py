@@ -63,15 +63,16 @@ def _cell(value: float | None, title: str = "") -> str:
     return f'<td style="background:{background};color:{colour}"{tip}>{format_score(value)}</td>'
 
 
-def _table(head: list[str], rows: list[list[str]], text_columns: int = 1, css: str = "") -> str:
-    """A table of already-escaped cells (a cell starting with ``<td`` is taken as it is)."""
+def _table(head: list[str], rows: list[list[str]], text: tuple[int, ...] = (0,), css: str = "") -> str:
+    """A table of already-escaped cells (a cell starting with ``<td`` is taken as it is); the
+    columns ``text`` are aligned left, the others (numbers) right."""
     def th(i, h):
-        return f'<th class="text">{h}</th>' if i < text_columns else f"<th>{h}</th>"
+        return f'<th class="text">{h}</th>' if i in text else f"<th>{h}</th>"
 
     def td(i, c):
         if c.startswith("<td"):
             return c
-        return f'<td class="text">{c}</td>' if i < text_columns else f"<td>{c}</td>"
+        return f'<td class="text">{c}</td>' if i in text else f"<td>{c}</td>"
 
     lines = [f'<table class="{css}">' if css else "<table>",
              "<tr>" + "".join(th(i, h) for i, h in enumerate(head)) + "</tr>"]
@@ -98,9 +99,9 @@ def runs_table(rows: list[dict]) -> str:
                      "" if r.get("learning_rate") is None else f"{r['learning_rate']:g}", str(r.get("seed")),
                      _percent(r.get("validation_accuracy")), _percent(r.get("test_accuracy")),
                      *(_cell(r.get(f"@{p}")) for p in ("key", "value", "query")),
-                     f'<td class="text">{html.escape(mechanism)}</td>',
+                     html.escape(mechanism),
                      _minutes(r.get("train_wall_seconds", r.get("train_seconds")))])
-    return _table(head, body, text_columns=2, css="runs")
+    return _table(head, body, text=(0, 1, 4, 12), css="runs")
 
 
 def verdicts_table(verdicts: list[dict]) -> str:
@@ -108,7 +109,7 @@ def verdicts_table(verdicts: list[dict]) -> str:
              f"</span>", f'<td class="text wrap">{html.escape(v["claim"])}</td>',
              f'<td class="text wrap">{html.escape(v["figures"])}</td>']
             for v in verdicts]
-    return _table(["verdict", "claim", "figures"], body, text_columns=2)
+    return _table(["verdict", "claim", "figures"], body, text=(0, 1, 2))
 
 
 def mechanism_grid(result: dict, corruption: str) -> str:
