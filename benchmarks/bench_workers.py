@@ -6,7 +6,7 @@ task and batch) in both layouts, in the same invocation, and prints the training
     python benchmarks/bench_workers.py [--only transformer mamba] [--steps 400] [--hidden 64]
 
 ``mecheval sweep --workers auto`` uses the layout this measures as faster on a CPU (one process
-per core, one thread each); the figures behind that choice are in the README.
+per core, one thread each); the figures behind that choice are in docs/training.md.
 """
 from __future__ import annotations
 
