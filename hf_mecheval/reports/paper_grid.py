@@ -420,36 +420,14 @@ def restoration_width_figure(rows: list[dict], path: Path) -> Path:
 def ablations_width_figure(rows: list[dict], path: Path) -> Path:
     """Test accuracy against the short-convolution width at widths 64 and 256, one panel per
     architecture (Mamba, Based), the paper's width-256 Mamba figures as black bars."""
-    import matplotlib.pyplot as plt
-
-    from .plots import save_figure
+    from .reference_figures import conv_width_panels
 
     conv = cells(rows, lambda r: (r["label"].split(" ")[0], r["hidden_size"], _width(r["label"])))
-    archs = [a for a in ("mamba", "based") if any(k[0] == a for k in conv)]
-    fig, axes = plt.subplots(1, max(1, len(archs)), figsize=(5.5 * max(1, len(archs)), 4.2), squeeze=False)
-    for ax, arch in zip(axes[0], archs):
-        kernels = sorted({k for a, _, k in conv if a == arch})
-        ticks = ["long" if k == 99 else str(k) for k in kernels]
-        for d, colour in ((64, "tab:blue"), (256, "tab:red")):
-            pts = sorted((kernels.index(k), s) for (a, w, k), s in conv.items() if a == arch and w == d)
-            if not pts:
-                continue
-            ax.plot([i for i, _ in pts], [100 * s.accuracy() for _, s in pts], marker="o", color=colour,
-                    label=f"width {d}")
-            for i, s in pts:
-                ax.scatter([i] * len(s.best), [100 * r["test_accuracy"] for r in s.best], color=colour, s=14, alpha=0.5)
-        if arch == "mamba":
-            paper = [(kernels.index(k), v) for k, v in PAPER_MAMBA_CONV_WIDTH_256.items() if k in kernels]
-            ax.scatter([i for i, _ in paper], [v for _, v in paper], marker="_", s=400, color="black",
-                       linewidths=3, label="paper, width 256")
-        ax.set_xticks(range(len(kernels)), ticks)
-        ax.set_xlabel("short-convolution width" + (" (conv_kernel)" if arch == "mamba" else " (short_conv_kernel)"))
-        ax.set_ylabel("AR test accuracy (%)")
-        ax.set_ylim(-3, 105)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title(f"{arch}: AR accuracy by short-convolution width")
-    return save_figure(fig, path)
+    panels = {arch: [(f"width {d}", colour, [(k, s) for (a, w, k), s in conv.items() if a == arch and w == d])
+                     for d, colour in ((64, "tab:blue"), (256, "tab:red"))
+                     if any(a == arch and w == d for a, w, _ in conv)]
+              for arch in ("mamba", "based") if any(a == arch for a, _, _ in conv)}
+    return conv_width_panels(panels, path)
 
 
 def layers_figure(rows: list[dict], path: Path) -> Path:

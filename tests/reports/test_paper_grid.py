@@ -115,3 +115,14 @@ def test_grid_figures_are_drawn_for_the_blocks_present(results, tmp_path):
     assert sorted(p.name for p in made) == ["accuracy_by_width.png", "restoration_by_layer.png",
                                             "restoration_by_width.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in made)
+
+
+def test_the_ablations_figure_and_table_stand_each_width_beside_the_other(results, tmp_path):
+    results["ref_recipe_ablations"] = [row(f"mamba (conv {k})", 64, lr=1e-2) for k in (0, 1, 2, 3)]
+    results["ref_width_ablations"] = [row(f"mamba (conv {k})", 256, lr=3e-3) for k in (0, 1, 2, 3)] + \
+        [row("based (conv long)", 256, lr=1e-3)]
+    table = grid_tables(results)["grid_ablations"]
+    assert "| mamba (conv 0) | 256 | 6 |" in table and "| mamba (conv 0) | 64 | — |" in table
+    assert "| based (conv long) | 256 | — |" in table and "| based (conv 3) | 256 | — |" in table
+    made = grid_figures(results, tmp_path)
+    assert "ablations_by_width.png" in [p.name for p in made]
