@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from .mixers import at_positions
 from .configuration_mecheval import MechEvalConfig, check_divides_hidden
+from .recurrent_cache import KeyValueLayer
 from .registry import ArchitectureSpec, register_architecture
 
 
@@ -153,6 +154,15 @@ class CausalSelfAttention(nn.Module):
         visible[:, -1] = True
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
         return self.out_proj(y.reshape(x_t.shape)), (k, v, real)
+
+    # the step state in the generation cache (recurrent_cache.py): transformers' key/value layer
+    cache_layer_class = KeyValueLayer
+
+    def state_to_cache(self, state, layer: KeyValueLayer) -> None:
+        layer.store(*state)
+
+    def state_from_cache(self, layer: KeyValueLayer):
+        return layer.keys, layer.values, layer.real
 
 
 register_architecture(ArchitectureSpec(

@@ -148,12 +148,14 @@ class Block(GradientCheckpointingLayer):
         r = self.output(r)
         return (r, weights) if output_attentions else r
 
-    def forward_cached(self, r: torch.Tensor, state, mask: torch.Tensor | None = None,
+    def forward_cached(self, r: torch.Tensor, layer, mask: torch.Tensor | None = None,
                        output_attentions: bool = False):
-        """The block continuing from its mixer's recurrent ``state`` (None at the start): r (B, L, D)
-        -> (r out (B, L, D), the state after it, attention probabilities or None). A fresh state
-        comes from the mixer's parallel ``forward_with_state`` where it has one (a prompt in one
-        pass), else from its ``step``, token by token. Sites are not visited."""
+        """The block continuing from its mixer's recurrent state, held in ``layer``, its layer of the
+        generation cache (``recurrent_cache.py``; empty at the start), which it updates: r (B, L, D)
+        -> (r out (B, L, D), attention probabilities or None). A fresh state comes from the
+        mixer's parallel ``forward_with_state`` where it has one (a prompt in one pass), else
+        from its ``step``, token by token. Sites are not visited."""
+        state = layer.step_state(self.mixer)
         x = self.mixer_norm(r)
         weights = None
         if output_attentions and getattr(self.mixer, "returns_attentions", False):
@@ -166,10 +168,11 @@ class Block(GradientCheckpointingLayer):
                 y_t, state = self.mixer.step(x[:, t], state, None if mask is None else mask[:, t])
                 steps.append(y_t)
             y = torch.stack(steps, dim=1)                                       # (B, L, D)
+        layer.hold(self.mixer, state)
         r = r + y
         if self.mlp is not None:
             r = r + self.mlp(self.mlp_norm(r))
-        return r, state, weights
+        return r, weights
 
 
 REFERENCE_INIT_RULE = "_mecheval_reference_init"     # attribute the rule is kept under on each Linear
@@ -333,7 +336,7 @@ class MechEvalModel(MechEvalPreTrainedModel):
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
             if cache is not None:
-                r, cache.layers[i], weights = block.forward_cached(r, cache.layers[i], mask, output_attentions)
+                r, weights = block.forward_cached(r, cache.layer_for(i, block.mixer), mask, output_attentions)
             elif output_attentions:
                 r, weights = block(r, keep_positions if i == last else None, mask, output_attentions=True)
             else:
