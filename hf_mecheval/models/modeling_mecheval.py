@@ -369,9 +369,10 @@ class MechEvalModel(MechEvalPreTrainedModel):
                 m.materialize = flag
 
     def use_functional_path(self, flag: bool = True) -> None:
-        """Make mixers avoid what ``torch.func`` transforms such as ``vmap`` cannot batch (SDPA in
-        attention), so the model runs stacked. (The custom autograd functions — Mamba's fused
-        scan, H3's kernel taps, the direct causal convolution — have vmap rules of their own.)"""
+        """Make mixers avoid what ``torch.func`` transforms such as ``vmap`` cannot batch (SDPA:
+        attention runs eager whatever ``attn_implementation`` says), so the model runs stacked.
+        (The custom autograd functions — Mamba's fused scan, H3's kernel taps, the direct causal
+        convolution — have vmap rules of their own.)"""
         for m in self.modules():
             if hasattr(m, "functional_path"):
                 m.functional_path = flag
@@ -409,7 +410,9 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = MechEvalModel(config)
+        # the architecture's own backbone class: it says what the architecture supports (such as
+        # attn_implementation "sdpa"), which transformers checks again when the backbone is built
+        self.model = MODEL_CLASSES[spec_for_config(type(config)).name][1](config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
         answer_one_token(self.generation_config)
@@ -498,11 +501,13 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
 class MechEvalTransformerModel(MechEvalModel):
     """The transformer backbone."""
     config_class = MechEvalTransformerConfig
+    _supports_sdpa = True       # attn_implementation "sdpa" (the default) or "eager" (mixer_transformer.py)
 
 
 class MechEvalTransformerForCausalLM(MechEvalForCausalLM):
     """The transformer causal LM."""
     config_class = MechEvalTransformerConfig
+    _supports_sdpa = True
 
 
 class MechEvalBasedModel(MechEvalModel):
