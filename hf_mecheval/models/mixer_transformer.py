@@ -18,6 +18,10 @@ them under "sdpa" is refused by transformers itself), and under ``torch.func.vma
 run's ``functional_path``), where SDPA would fall back to a loop over the vmapped dimension. The block's
 sites (``mixer_input``, ``mixer_output``) are outside the attention function: every
 implementation passes the same tensors through them.
+
+Any attention mask is honoured (``masks_any_position``): a padded key, wherever it stands (before,
+after or between the tokens of its row), is hidden from every query, as in transformers'
+attention models.
 """
 from __future__ import annotations
 
@@ -83,6 +87,7 @@ class CausalSelfAttention(nn.Module):
 
     accepts_keep = True
     returns_attentions = True       # forward(..., output_attentions=True) -> (output, probabilities)
+    masks_any_position = True       # a padded key is hidden wherever it stands: masks may have holes
     is_causal = True                # read by transformers' sdpa_attention_forward
 
     def __init__(self, config, layer_idx: int):

@@ -28,7 +28,10 @@ A mixer is an ``nn.Module`` built as ``Mixer(config, layer_idx)`` with
   real token of its row (left padding: the row is then computed as if it were not padded); its
   own output does not matter. That is all the backbone asks: it refuses masks with holes, and
   right padding needs nothing in a causal model. Each mixer zeroes what it mixes along the
-  sequence at padded positions (``zero_padding``), before any bias could make it non-zero;
+  sequence at padded positions (``zero_padding``), before any bias could make it non-zero. A
+  mixer whose class sets ``masks_any_position = True`` (softmax attention) hides a padded
+  position from every later one wherever it stands: where every mixer of a model does, the
+  backbone accepts masks with holes too;
 * internal intervention sites as :class:`~.sites.Site` attributes (``conv_output``, ``state``),
   which the site vocabulary picks up by itself.
 

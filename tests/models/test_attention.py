@@ -31,9 +31,9 @@ def ids_of(B=3, L=20, seed=0):
 
 
 def padded_anywhere(ids):
-    """A mask with left padding (row 0) and right padding (row 2)."""
+    """A mask with left padding (row 0), a hole (row 1) and right padding (row 2)."""
     mask = torch.ones_like(ids)
-    mask[0, :4], mask[2, -5:] = 0, 0
+    mask[0, :4], mask[1, 6:9], mask[2, -5:] = 0, 0, 0
     return mask
 
 
@@ -112,7 +112,7 @@ def test_eager_and_sdpa_give_the_same_outputs_to_float32_rounding():
         a, b = sdpa(ids[:, :12], use_cache=True), eager(ids[:, :12], use_cache=True)
         _same(a.cache.layers[0].keys, b.cache.layers[0].keys)
         _same(sdpa(ids[:, 12:13], cache=a.cache).logits, eager(ids[:, 12:13], cache=b.cache).logits)
-    generated = {name: model.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, return_dict_in_generate=True,
+    generated = {name: model.generate(ids, attention_mask=mask, max_new_tokens=4, return_dict_in_generate=True,
                                       output_logits=True) for name, model in (("sdpa", sdpa), ("eager", eager))}
     assert torch.equal(generated["sdpa"].sequences, generated["eager"].sequences)
     for a, b in zip(generated["sdpa"].logits, generated["eager"].logits):
