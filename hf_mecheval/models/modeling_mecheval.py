@@ -13,12 +13,15 @@ through a named :class:`~.sites.Site` (see ``sites.py`` for the vocabulary).
 ``attention_mask`` (1 = token, 0 = padding) is honoured: a left-padded row gives the logits of
 the same row unpadded (each mixer keeps padding out of what it mixes along the sequence, and
 learned positions count real tokens only); right padding cannot change a causal model's real
-positions. A mask with padding between tokens is refused (``padding_mask``): a recurrent mixer
-cannot skip a token in the middle of a sequence.
+positions. Padding between tokens (holes) is honoured where every mixer can hide a key wherever
+it stands (softmax attention: the Transformer): a row with holes gives the logits of the row
+without them. Elsewhere it is refused (``padding_mask``): a recurrent mixer cannot skip a token
+in the middle of a sequence.
 
 Generation: with ``use_cache=True`` (as ``generate()`` passes it) the forward runs every token
-through the mixers' recurrent ``step`` forms, keeping their states in a ``RecurrentCache``, so a
-new token costs one step, not a forward over the whole sequence.
+through the mixers' recurrent ``step`` forms, keeping their states in a ``RecurrentCache`` (one
+transformers cache layer per block), so a new token costs one step, not a forward over the whole
+sequence.
 
 This file and the files it imports (all relative imports, all in this folder) are the model's
 whole code: ``save_pretrained`` writes them beside the weights with an ``auto_map`` in
@@ -86,18 +89,25 @@ def _norm(config) -> nn.Module:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
-def padding_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+def has_holes(mask: torch.Tensor) -> bool:
+    """Whether a row of ``mask`` (B, T) bool, True = token, has padding between two of its tokens
+    (more than one run of tokens)."""
+    runs = mask[:, 0].long() + (mask[:, 1:] & ~mask[:, :-1]).sum(1)              # runs of tokens per row
+    return bool((runs > 1).any())
+
+
+def padding_mask(attention_mask: torch.Tensor | None, length: int, holes_allowed: bool = False) -> torch.Tensor | None:
     """attention_mask (B, T) of 1 = token, 0 = padding, T >= length (with a cache it covers the
     past too) -> its last ``length`` columns as a bool mask, or None where none of them is padding.
-    Each row must be one run of tokens, padded before and/or after it; anything else is refused."""
+    Unless ``holes_allowed`` (every mixer hides a padded key wherever it stands), each row must be
+    one run of tokens, padded before and/or after it; anything else is refused."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2 or attention_mask.shape[1] < length:
         raise MechEvalError(f"attention_mask must be (batch, length >= {length}), got shape "
                             f"{tuple(attention_mask.shape)}")
     mask = attention_mask.bool()
-    runs = mask[:, 0].long() + (mask[:, 1:] & ~mask[:, :-1]).sum(1)              # runs of tokens per row
-    if bool((runs > 1).any()):
+    if not holes_allowed and has_holes(mask):
         raise MechEvalError("attention_mask has padding between the tokens of a row: only left and right "
                             "padding can be honoured (a recurrent mixer cannot skip a token inside a sequence)")
     mask = mask[:, -length:]
@@ -148,12 +158,14 @@ class Block(GradientCheckpointingLayer):
         r = self.output(r)
         return (r, weights) if output_attentions else r
 
-    def forward_cached(self, r: torch.Tensor, state, mask: torch.Tensor | None = None,
+    def forward_cached(self, r: torch.Tensor, layer, mask: torch.Tensor | None = None,
                        output_attentions: bool = False):
-        """The block continuing from its mixer's recurrent ``state`` (None at the start): r (B, L, D)
-        -> (r out (B, L, D), the state after it, attention probabilities or None). A fresh state
-        comes from the mixer's parallel ``forward_with_state`` where it has one (a prompt in one
-        pass), else from its ``step``, token by token. Sites are not visited."""
+        """The block continuing from its mixer's recurrent state, held in ``layer``, its layer of the
+        generation cache (``recurrent_cache.py``; empty at the start), which it updates: r (B, L, D)
+        -> (r out (B, L, D), attention probabilities or None). A fresh state comes from the
+        mixer's parallel ``forward_with_state`` where it has one (a prompt in one pass), else
+        from its ``step``, token by token. Sites are not visited."""
+        state = layer.step_state(self.mixer)
         x = self.mixer_norm(r)
         weights = None
         if output_attentions and getattr(self.mixer, "returns_attentions", False):
@@ -166,10 +178,11 @@ class Block(GradientCheckpointingLayer):
                 y_t, state = self.mixer.step(x[:, t], state, None if mask is None else mask[:, t])
                 steps.append(y_t)
             y = torch.stack(steps, dim=1)                                       # (B, L, D)
+        layer.hold(self.mixer, state)
         r = r + y
         if self.mlp is not None:
             r = r + self.mlp(self.mlp_norm(r))
-        return r, state, weights
+        return r, weights
 
 
 REFERENCE_INIT_RULE = "_mecheval_reference_init"     # attribute the rule is kept under on each Linear
@@ -314,13 +327,17 @@ class MechEvalModel(MechEvalPreTrainedModel):
         output_attentions = output_attentions and any(getattr(b.mixer, "returns_attentions", False) for b in self.layers)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds      # (B, L, D)
-        mask = padding_mask(attention_mask, x.shape[1])
+        holes_allowed = all(getattr(block.mixer, "masks_any_position", False) for block in self.layers)
+        mask = padding_mask(attention_mask, x.shape[1], holes_allowed)
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
         if cache is not None and keep_positions is not None:
             raise MechEvalError("keep_positions cannot be combined with a cache: the cache needs every position")
-        if cache is None and mask is not None and bool(mask[:, 0].all()):
-            mask = None      # right padding only: it cannot reach earlier positions, which count from 0 anyway
+        if cache is None and mask is not None and not holes_allowed and bool(mask[:, 0].all()):
+            # right padding only: it cannot reach earlier positions, which count from 0 anyway. Softmax
+            # attention keeps the mask, as transformers' attention models do: a generation continued
+            # after right padding reads a padded position's output, which must be the cached forward's
+            mask = None
         # a real token's position counts the real tokens before it (left padding shifts nothing),
         # after those the cache has seen
         positions = None if mask is None else (mask.long().cumsum(1) - 1).clamp(min=0)
@@ -333,7 +350,7 @@ class MechEvalModel(MechEvalPreTrainedModel):
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
             if cache is not None:
-                r, cache.layers[i], weights = block.forward_cached(r, cache.layers[i], mask, output_attentions)
+                r, weights = block.forward_cached(r, cache.layer_for(i, block.mixer), mask, output_attentions)
             elif output_attentions:
                 r, weights = block(r, keep_positions if i == last else None, mask, output_attentions=True)
             else:
@@ -366,9 +383,10 @@ class MechEvalModel(MechEvalPreTrainedModel):
                 m.materialize = flag
 
     def use_functional_path(self, flag: bool = True) -> None:
-        """Make mixers avoid what ``torch.func`` transforms such as ``vmap`` cannot batch (SDPA in
-        attention), so the model runs stacked. (The custom autograd functions — Mamba's fused
-        scan, H3's kernel taps, the direct causal convolution — have vmap rules of their own.)"""
+        """Make mixers avoid what ``torch.func`` transforms such as ``vmap`` cannot batch (SDPA:
+        attention runs eager whatever ``attn_implementation`` says), so the model runs stacked.
+        (The custom autograd functions — Mamba's fused scan, H3's kernel taps, the direct causal
+        convolution — have vmap rules of their own.)"""
         for m in self.modules():
             if hasattr(m, "functional_path"):
                 m.functional_path = flag
@@ -406,7 +424,9 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = MechEvalModel(config)
+        # the architecture's own backbone class: it says what the architecture supports (such as
+        # attn_implementation "sdpa"), which transformers checks again when the backbone is built
+        self.model = MODEL_CLASSES[spec_for_config(type(config)).name][1](config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
         answer_one_token(self.generation_config)
@@ -495,11 +515,13 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
 class MechEvalTransformerModel(MechEvalModel):
     """The transformer backbone."""
     config_class = MechEvalTransformerConfig
+    _supports_sdpa = True       # attn_implementation "sdpa" (the default) or "eager" (mixer_transformer.py)
 
 
 class MechEvalTransformerForCausalLM(MechEvalForCausalLM):
     """The transformer causal LM."""
     config_class = MechEvalTransformerConfig
+    _supports_sdpa = True
 
 
 class MechEvalBasedModel(MechEvalModel):

@@ -1,11 +1,9 @@
 """StackedCausalLM: K copies under vmap compute what each model computes alone."""
 import pytest
 import torch
-from torch.nn import functional as F
 
 from hf_mecheval.errors import MechEvalError
 from hf_mecheval.models import ARCHITECTURES, build_model
-from hf_mecheval.models.mixer_transformer import causal_softmax_attention
 from hf_mecheval.models.stacked import StackedCausalLM, answer_positions
 from hf_mecheval.tasks.presets import build_task
 from hf_mecheval.training.data import PaddedTaskDataset
@@ -53,12 +51,6 @@ def test_unstack_gives_back_the_models_and_finite_copies_flags_nan():
     with torch.no_grad():
         stacked.stacked["model__layers__1__mixer__D"][2, 0] = float("nan")
     assert stacked.finite_copies().tolist() == [True, True, False]
-
-
-def test_explicit_attention_equals_sdpa():
-    q, k, v = torch.randn(3, 2, 2, 7, 5).unbind(0)
-    assert torch.allclose(causal_softmax_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                          atol=1e-6)
 
 
 def test_bad_input_is_refused():
