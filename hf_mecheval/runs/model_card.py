@@ -85,11 +85,12 @@ def shown_path(path: Path) -> str:
 
 
 def _example(task_record: dict) -> dict:
-    """The card's example: the shortest of a few test documents of the run's task, as text."""
+    """The card's example: the shortest of a few test documents of the run's task, as text (with
+    one answer per query: up to its first query)."""
     from ..tasks.presets import get_preset, task_from_dict
 
     task = task_from_dict(get_preset(task_record["preset"]).task, task_record["config"])
-    data = task.generate(8, "test", task_record.get("dataset_seed", 0))
+    data = task.generate(8, "test", task_record.get("dataset_seed", 0)).per_query()
     doc = data.document(int(data.lengths.argmin()))
     names = task.token_names()
     vocabulary = ", ".join(f"`{prefix}0`… ({name}s)" for name, prefix in task.token_prefixes.items())
