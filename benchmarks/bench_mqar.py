@@ -3,15 +3,16 @@ same run, and the sweep's CPU hours estimated from it.
 
 Each MQAR batch is 32 documents as training serves them (``PaddedTaskDataset``: one batch padded
 to its longest document, labels at every answer), drawn from one setting (seq_len, num_pairs) or
-from a preset's training mixture in its epoch order. The loss runs through the LM head at the
-answer positions only (``MechEvalForCausalLM``: (batch, k, vocab) logits); ``full-logits`` is the
-same model computing the LM head at every position (what transformers' causal LMs do, Zoology's
-loss) as the peer of that path. Prints median ms per step (forward + backward + AdamW) and each
-one's ratio to our Transformer on ar_32; with ``--sweep``, the CPU hours of a sweep file's runs
-from the mixture's step times (runs whose architecture was timed).
+from a preset's training data in its first epoch's order. The loss runs through the LM head at
+the answer positions only (``MechEvalForCausalLM``: (batch, k, vocab) logits); ``full-logits`` is
+the same model computing the LM head at every position (what transformers' causal LMs do,
+Zoology's loss) as the peer of that path, on the first preset. H3's state size is a preset's
+longest document (as the sweep files set it), its default 1 024 on single settings and ar_32.
+Prints median ms per step (forward + backward + AdamW) and each one's ratio to our Transformer on
+ar_32; with ``--sweep``, the CPU hours of a sweep file's runs from the steps of their preset.
 
-    python benchmarks/bench_mqar.py [--hidden 64 128] [--settings 64x4 128x8 256x16] [--preset mqar_cpu]
-                                    [--only transformer mamba] [--sweep hf_mecheval/training/sweeps/mqar/cpu.yaml]
+    python benchmarks/bench_mqar.py [--hidden 64 128] [--settings 64x4 128x8 256x16] [--presets mqar_cpu]
+                                    [--only transformer mamba] [--sweep hf_mecheval/training/sweeps/cpu/mqar.yaml]
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ from hf_mecheval.training.data import PaddedTaskDataset, epoch_order
 BATCH = 32
 
 
-def model(arch: str, vocab: int, d: int):
+def model(arch: str, vocab: int, d: int, longest: int | None = None):
     extra = {"max_position_embeddings": 1024} if arch == "transformer" else {}
+    if arch == "h3" and longest:
+        extra["d_state"] = longest
     return build_model(arch, vocab_size=vocab, hidden_size=d, num_hidden_layers=2, kernels="auto", **extra)
 
 
@@ -63,15 +66,16 @@ def time_steps(m, optimizer, data, full_logits: bool = False) -> list[float]:
     return times
 
 
-def sweep_hours(path: str, step_ms: dict[tuple[str, int], float]) -> None:
-    """CPU hours of a sweep file's runs: steps (train_size / 32 x epochs) x the mixture's step."""
+def sweep_hours(path: str, step_ms: dict[tuple[str, int, str], float]) -> None:
+    """CPU hours of a sweep file's runs: steps (train_size / batch x epochs) x the step of the
+    run's architecture, width and preset."""
     from hf_mecheval.training.sweep import Sweep
 
     sweep = Sweep.load(path)
     total, missing = 0.0, set()
     for run in sweep.runs:
         spec = run.spec
-        key = (spec.model.architecture, spec.model.hidden_size)
+        key = (spec.model.architecture, spec.model.hidden_size, spec.data.task)
         if key not in step_ms:
             missing.add(key)
             continue
@@ -85,38 +89,40 @@ def sweep_hours(path: str, step_ms: dict[tuple[str, int], float]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--settings", nargs="+", default=["64x4", "128x8", "256x16"],
+    parser.add_argument("--settings", nargs="*", default=["64x4", "128x8", "256x16"],
                         help="single settings SEQLENxPAIRS to time")
-    parser.add_argument("--preset", default="mqar_cpu", help="an MQAR preset whose training mixture is timed")
+    parser.add_argument("--presets", nargs="+", default=["mqar_cpu"], help="MQAR presets whose training data is timed")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; models take turns within a round")
     parser.add_argument("--only", nargs="+", help="subset of architectures")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--sweep", help="a sweep file whose CPU hours to estimate from the mixture's steps")
+    parser.add_argument("--sweep", help="a sweep file whose CPU hours to estimate from its presets' steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     archs = [a for a in architecture_names() if not args.only or a in args.only]
-    inputs = {"ar_32 (peer)": task_batches(build_task("ar_32"), args.steps)}
+    inputs = {"ar_32 (peer)": (task_batches(build_task("ar_32"), args.steps), None)}
     for s in args.settings:
         seq_len, pairs = map(int, s.split("x"))
-        inputs[f"mqar {seq_len}x{pairs}"] = task_batches(setting_task(seq_len, pairs), args.steps)
-    inputs[f"{args.preset} mixture"] = task_batches(build_task(args.preset), args.steps)
-    mixture = f"{args.preset} mixture"
+        inputs[f"mqar {seq_len}x{pairs}"] = (task_batches(setting_task(seq_len, pairs), args.steps), None)
+    for preset in args.presets:
+        task = build_task(preset)
+        inputs[preset] = (task_batches(task, args.steps), task.max_document_length())
+    mixture = args.presets[0]
     results: dict[tuple[str, int, str], float] = {}
     for d in args.hidden:
         cells = []
         for arch in archs:
-            for name, data in inputs.items():
+            for name, (data, longest) in inputs.items():
                 vocab = 8196 if name.startswith("ar_32") else 8192
                 torch.manual_seed(0)
-                m = model(arch, vocab, d).train()
+                m = model(arch, vocab, d, longest).train()
                 opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
                 time_steps(m, opt, data[:1])                                  # warm-up
                 cells.append((arch, name, m, opt, data, False))
             torch.manual_seed(0)
-            m = model(arch, 8192, d).train()
+            m = model(arch, 8192, d, inputs[mixture][1]).train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
-            cells.append((arch, f"{mixture}, full-logits", m, opt, inputs[mixture], True))
+            cells.append((arch, f"{mixture}, full-logits", m, opt, inputs[mixture][0], True))
         samples = {(a, n): [] for a, n, *_ in cells}
         for _ in range(args.rounds):                                          # interleaved: shared noise
             for arch, name, m, opt, data, full in cells:
@@ -130,9 +136,9 @@ def main() -> None:
             print(f"  {arch:<15} {name:<30} {results[(arch, d, name)]:8.1f} {ratio}  (min {min(s):.1f}, max {max(s):.1f})")
         for arch in archs:
             keep, full = results[(arch, d, mixture)], results[(arch, d, f"{mixture}, full-logits")]
-            print(f"  {arch:<15} full-logits / answer positions on the mixture = {full / keep:.1f}x")
+            print(f"  {arch:<15} full-logits / answer positions on {mixture} = {full / keep:.1f}x")
     if args.sweep:
-        sweep_hours(args.sweep, {(a, d): v for (a, d, n), v in results.items() if n == mixture})
+        sweep_hours(args.sweep, {(a, d, n): v for (a, d, n), v in results.items() if n in args.presets})
 
 
 if __name__ == "__main__":

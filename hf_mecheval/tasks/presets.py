@@ -31,7 +31,7 @@ class Preset:
         return self.epochs if self.epochs is not None else (16.0 if self.task == "ar" else 32.0)
 
 
-# The CPU-sized MQAR mixture (hf_mecheval/training/sweeps/mqar/cpu.yaml says why these settings):
+# The CPU-sized MQAR mixture (hf_mecheval/training/sweeps/cpu/mqar.yaml says why these settings):
 # training at lengths 64 and 128 with 4 to 16 pairs; validation and test at lengths 64, 128 and 256
 # with up to a quarter of the length in pairs, so that accuracy reads against the number of pairs
 # at length 128 (4 ... 32) and against the length at 16 pairs (64, 128, 256)
