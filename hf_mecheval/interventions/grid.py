@@ -142,8 +142,8 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
         last = f"layers.{engine.num_layers - 1}.input"
         if which == "key" and "query_distance" in data.columns and last in sites \
                 and all(p in positions for p in ("key", "value", "query")):
-            result["mechanism_by_distance"] = by_distance(data, acc, {p: patched[(last, p)] for p in ("key", "value", "query")},
-                                                          last, threshold, n_resamples, seed)
+            at_last = {p: patched[(last, p)] for p in ("key", "value", "query")}
+            result["mechanism_by_distance"] = by_distance(data, acc, at_last, last, threshold, n_resamples, seed)
     result["mechanism"] = mechanism_of(result, engine.num_layers).to_dict()
     return result
 

@@ -2,14 +2,14 @@
 
 Documents have different lengths (ATR, MQAR), so tokens are kept flat with offsets (the layout of
 an Arrow list column): converting to a ``datasets.Dataset`` or to parquet is zero-copy.
+An Arrow list column (``datasets.List``, what the ``Features`` say) has 32-bit offsets, so it holds
+at most 2^31 - 1 tokens per chunk: larger data (~58 M ``ar_32`` documents) becomes a table of
+several chunks, each a whole number of documents, with the same type.
 
 A document has one answer (AR, ATR: the answer columns ``answer`` and ``*_pos`` are one number
 per document) or several (MQAR: one answer per query, the same columns hold one list per
 document, kept flat with their own offsets as ``query_columns``). ``per_query`` turns the second
 kind into the first: one row per (document, query), which is what interventions read.
-An Arrow list column (``datasets.List``, what the ``Features`` say) has 32-bit offsets, so it holds
-at most 2^31 - 1 tokens per chunk: larger data (~58 M ``ar_32`` documents) becomes a table of
-several chunks, each a whole number of documents, with the same type.
 """
 from __future__ import annotations
 

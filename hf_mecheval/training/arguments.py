@@ -124,7 +124,8 @@ class RunArguments:
     restoration_every_n_steps: int = dataclasses.field(
         default=0, metadata={"help": "measure restoration at the last layer's input every N steps (0 = never); "
                                      "see restoration_history.json"})
-    restoration_examples: int = dataclasses.field(default=64, metadata={"help": "validation documents it uses"})
+    restoration_examples: int = dataclasses.field(
+        default=64, metadata={"help": "validation documents it uses (MQAR: as many queries, those of the first documents)"})
     test_head_size: int = dataclasses.field(
         default=320, metadata={"help": "also report test accuracy on the first N test documents (the reference "
                                        "reported its first 320); 0 = not"})

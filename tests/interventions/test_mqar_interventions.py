@@ -93,6 +93,9 @@ def test_evaluate_counts_queries_and_labels_near_and_far(mqar_run, capsys):
     # the restoration callback read queries too: 12 of them, from the first validation documents
     history = json.loads((mqar_run / "restoration_history.json").read_text())
     assert [h["step"] for h in history] == [5, 10]
+    # the model card names MQAR's dataset and carries the near and far run's label
+    card = (mqar_run / "README.md").read_text()
+    assert "- mecheval/mqar\n" in card and result["mechanism"]["label"] in card
 
 
 def test_the_evaluate_metric_takes_query_distances():
