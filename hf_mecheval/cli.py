@@ -310,7 +310,8 @@ def _grid_arguments(parser: argparse.ArgumentParser) -> None:
     from .runs.files import GridSettings
     from .tasks.seeding import SPLITS
 
-    parser.add_argument("-n", type=_positive_int, default=GridSettings.n, help=f"documents (default {GridSettings.n})")
+    parser.add_argument("-n", type=_positive_int, default=GridSettings.n,
+                        help=f"documents (default {GridSettings.n}; MQAR: queries, those of the first documents)")
     parser.add_argument("--split", choices=SPLITS, default=GridSettings.split, help=f"split (default {GridSettings.split})")
     parser.add_argument("--seed", type=_non_negative_int, help="data seed (default: the run's)")
     parser.add_argument("--sites", nargs="+", help="only these sites (default: all; see model.site_names())")

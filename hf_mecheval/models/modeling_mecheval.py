@@ -57,6 +57,19 @@ from .sites import Site
 IGNORE_INDEX = -100
 
 
+def scored_positions(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """targets (..., T): what each position is scored on (IGNORE_INDEX: not scored) ->
+    (positions (..., k), their targets (..., k)): each row's scored positions in increasing order,
+    k the most any row has; a row with fewer is filled up with position 0 and IGNORE_INDEX."""
+    scored = targets != IGNORE_INDEX
+    k = max(int(scored.sum(-1).max()) if scored.numel() else 0, 1)
+    # scored positions first, each group in increasing order (a stable sort of 0 = scored, 1 = not)
+    order = torch.sort((~scored).to(torch.uint8), dim=-1, stable=True).indices[..., :k]
+    kept = scored.gather(-1, order)
+    positions = torch.where(kept, order, torch.zeros_like(order))
+    return positions, torch.where(kept, targets.gather(-1, positions), torch.full_like(positions, IGNORE_INDEX))
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (weight only): Mamba's block norm."""
 
@@ -402,9 +415,12 @@ def answer_one_token(generation_config) -> None:
 class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
     """Backbone + LM head tied to the embedding.
 
-    Loss on the answer only: with ``labels`` (-100 except the answer, as the task datasets
+    Loss on the answers only: with ``labels`` (-100 except the answers, as the task datasets
     give them), only the positions that predict a label go through the LM head; when every
-    row has exactly one label, ``logits`` is (batch, 1, vocab) at that position. Without labels,
+    row has exactly one label, ``logits`` is (batch, 1, vocab) at that position; when rows have
+    several (MQAR: one per query), (batch, k, vocab) at each row's scored positions in order
+    (``scored_positions``: k the most of any row, the rest of a shorter row at position 0, not
+    scored), and the loss is the mean over every label of the batch. Without labels,
     ``logits_to_keep`` selects positions as in transformers (int = last k; 1D tensor = these
     positions; 2D (batch, k) integer tensor = per-row positions); default all.
 
@@ -482,18 +498,24 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         # targets[:, t]: what position t is scored on
         targets = shift_labels if shift_labels is not None else None if labels is None else labels[:, 1:]
+        kept_targets = None
         if targets is not None and not output_hidden_states and not use_cache and cache is None:
             # with one scored position per row (the tasks' answer-only loss) only that position
-            # needs the last block's MLP and the LM head
+            # needs the last block's MLP and the LM head; with several (one per query), only those
             scored = targets != IGNORE_INDEX                                   # (B, L or L-1)
             observed = any(m.wanted() for m in self.model.layers[-1].modules() if isinstance(m, Site))
             if not observed and bool((scored.sum(1) == 1).all()):
                 keep = scored.float().argmax(1)[:, None]                       # (B, 1)
+            elif not observed and bool(scored.any()):
+                keep, kept_targets = scored_positions(targets)                 # (B, k) each
         out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                          cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states,
                          output_attentions=output_attentions, keep_positions=keep, return_dict=True)
-        h = out.last_hidden_state                                              # (B, L or 1, D)
-        if keep is not None:
+        h = out.last_hidden_state                                              # (B, L or k, D)
+        if kept_targets is not None:
+            logits = self.lm_head(h)                                           # (B, k, V)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), kept_targets.flatten(), ignore_index=IGNORE_INDEX)
+        elif keep is not None:
             logits = self.lm_head(h)                                           # (B, 1, V)
             loss = F.cross_entropy(logits[:, 0].float(), targets.gather(1, keep)[:, 0])
         elif targets is not None:

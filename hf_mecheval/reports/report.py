@@ -12,6 +12,8 @@ Each run directory holds ``run.json`` and ``metrics.json`` (from ``mecheval trai
 * ``layers.png`` — restoration at every layer's input (rows: runs; columns: layer x position);
 * ``conv_kernel.png`` — accuracy against the short-convolution width, one line per architecture
   and learning rate through the mean over seeds (each seed a small point), when runs vary it;
+* MQAR runs: ``mqar_pairs.png``, ``mqar_length.png``, ``mqar_near_far.png`` and their table, with
+  Zoology's Figure 2 beside runs of its settings (``reports/mqar.py``);
 * ``report.md`` — the table and the figures.
 """
 from __future__ import annotations
@@ -30,12 +32,15 @@ from ..errors import MechEvalError  # noqa: E402
 from ..atomic_files import write_text_atomic  # noqa: E402
 from ..runs.manifest import claim_output_folder, recording
 from ..runs import RunDir  # noqa: E402
-from ..runs.files import format_score, last_layer_summary  # noqa: E402
+from ..runs.files import distance_summary, format_score, last_layer_summary  # noqa: E402
 from ..runs.run_dir import init_scheme_of  # noqa: E402
+from ..experiments import read_experiment  # noqa: E402
+from .mqar import mqar_figures, mqar_rows, mqar_table, zoology_table  # noqa: E402
 from .plots import save_figure  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
 COMPONENTS = ("mixer.conv_output", "mixer.state", "mixer_output")
+NESTED = ("layer_scores", "component_scores", "test_by_setting", "by_distance")   # in runs.json, not runs.csv
 
 
 def _train_seconds(metrics: dict) -> float | None:
@@ -81,7 +86,7 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
                "train_seconds": _train_seconds(metrics)}
         # written by runs since the wall clock and the test head exist (training.callbacks.TrainingClock)
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_head_size", "train_head_accuracy",
-                    "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads"):
+                    "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads", "test_by_setting"):
             if key in final:
                 row[key] = final[key]
         result = run_dir.interventions()
@@ -89,6 +94,9 @@ def collect_runs(run_dirs: list[str | Path]) -> list[dict]:
             summary = last_layer_summary(result)
             del summary["accuracy"], summary["reason"]   # the grid documents' clean accuracy; the label's why
             row.update(summary)
+            by_distance = distance_summary(result)       # MQAR: the label of near and of far queries
+            if by_distance:
+                row["by_distance"] = by_distance
             by = {(c["site"], c["position"]): c for c in result["corruptions"]["key"]["cells"]}
             n_layers = max(c["layer"] for c in result["corruptions"]["key"]["cells"]) + 1
             row["layer_scores"] = {f"layers.{l}.input@{p}": by[(f"layers.{l}.input", p)]["restoration"]
@@ -208,7 +216,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_ylabel("test accuracy (%)")
         ax.legend(fontsize=8)
         made.append(save_figure(fig, out / "conv_kernel.png"))
-    return made
+    return made + mqar_figures(rows, out)
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-mecheval report",
@@ -226,7 +234,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-m
 
 def _write_report(rows: list[dict], out: Path, title: str, preamble: str) -> dict:
     made = figures(rows, out)
-    flat = [{k: v for k, v in r.items() if k not in ("layer_scores", "component_scores")} for r in rows]
+    flat = [{k: v for k, v in r.items() if k not in NESTED} for r in rows]
     buffer = io.StringIO()
     columns = list(dict.fromkeys(k for r in flat for k in r))      # rows of older runs lack some keys
     writer = csv.DictWriter(buffer, fieldnames=columns)
@@ -235,6 +243,8 @@ def _write_report(rows: list[dict], out: Path, title: str, preamble: str) -> dic
     write_text_atomic(out / "runs.csv", buffer.getvalue(), overwrite=True)
     write_text_atomic(out / "runs.json", json.dumps(rows, indent=1) + "\n", overwrite=True)
     body = [f"# {title}", "", preamble, "", markdown_table(rows), ""]
+    if mqar_rows(rows):      # accuracy per setting, near and far; Zoology's Figure 2 beside its settings
+        body += ["## MQAR", "", mqar_table(rows), zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"]), ""]
     body += [f"![{p.stem}]({p.name})" for p in made]
     write_text_atomic(out / "report.md", "\n".join(body) + "\n", overwrite=True)
     return {"rows": rows, "figures": [str(p) for p in made], "out": str(out)}
