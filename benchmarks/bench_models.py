@@ -6,7 +6,8 @@ Setting: vocabulary 8196, length 37, batch 32, answer-only loss, 2 layers, AdamW
 ``ours-mamba-compiled`` is our Mamba on its compiled scan (``kernels="auto"``). Prints the
 median ms per step (forward + backward + AdamW) and the ratios the models issue asks for: our Transformer >= 4x faster than GPT2; our Mamba >= 10x faster than HF
 Mamba's default path and >= 3x faster than HF Mamba + mambapy; every architecture within 3x
-of our Transformer at hidden 64.
+of our Transformer at hidden 64. ``ours-transformer-eager`` and ``-sdpa``: our Transformer under
+each ``attn_implementation`` (the default, ``ours-transformer``, is "sdpa").
 
     python benchmarks/bench_models.py [--hidden 64 256] [--steps 10] [--rounds 3] [--only mamba transformer] [--device cuda]
 """
@@ -25,9 +26,12 @@ from hf_mecheval.tasks import build_task
 VOCAB, LENGTH, BATCH = 8196, 37, 32
 
 
-def ours(arch: str, d: int, kernels: str = "torch"):
+def ours(arch: str, d: int, kernels: str = "torch", attention: str | None = None):
     extra = {"max_position_embeddings": 64} if arch == "transformer" else {}
-    return build_model(arch, vocab_size=VOCAB, hidden_size=d, num_hidden_layers=2, kernels=kernels, **extra)
+    model = build_model(arch, vocab_size=VOCAB, hidden_size=d, num_hidden_layers=2, kernels=kernels, **extra)
+    if attention:                                          # the Transformer's attn_implementation
+        model.set_attn_implementation(attention)
+    return model
 
 
 def peers(d: int) -> dict:
@@ -90,6 +94,7 @@ def main() -> None:
     results: dict[tuple[str, int], float] = {}
     for d in args.hidden:
         makers = {f"ours-{a}": (lambda a=a: ours(a, d)) for a in archs}
+        makers.update({f"ours-transformer-{i}": (lambda i=i: ours("transformer", d, attention=i)) for i in ("eager", "sdpa")})
         if args.device == "cpu" and cpu_kernels.available():  # Mamba's compiled C++ scan (kernels="auto")
             makers["ours-mamba-compiled"] = lambda: ours("mamba", d, kernels="auto")
         makers.update(peers(d))
@@ -122,6 +127,9 @@ def main() -> None:
         ratio("hf-mamba", "ours-mamba", 10)
         ratio("hf-mamba+mambapy", "ours-mamba", 3)
         ratio("ours-mamba", "ours-mamba-compiled", 1)
+        if ("ours-transformer-eager", d) in results and ("ours-transformer-sdpa", d) in results:   # no target
+            print(f"  hidden {d}: ours-transformer-eager / -sdpa = "
+                  f"{results[('ours-transformer-eager', d)] / results[('ours-transformer-sdpa', d)]:.2f}x")
     if 64 in args.hidden and ("ours-transformer", 64) in results:
         base = results[("ours-transformer", 64)]
         for a in archs:

@@ -2,9 +2,10 @@
 
     python dataset_scripts/ar/materialize.py  [--out FOLDER] [--train-size N] [--push-to-hub mecheval/ar]
     python dataset_scripts/atr/materialize.py [--out FOLDER] [--train-size N] [--push-to-hub mecheval/atr]
+    python dataset_scripts/mqar/materialize.py [--out FOLDER] [--train-size N] [--push-to-hub mecheval/mqar]
 
 They need only an installed hf-mecheval (the wheel will do), wherever they are run from; the
-folder defaults to data/ar or data/atr in the current directory.
+folder defaults to data/ar, data/atr or data/mqar in the current directory.
 
 Afterwards ``datasets.load_dataset(FOLDER, "atr_easy")`` works offline, and once pushed,
 ``datasets.load_dataset("mecheval/atr", "atr_easy")``. Same as ``mecheval data publish``.

@@ -232,6 +232,16 @@ def _push(args: argparse.Namespace) -> int:
     return 0
 
 
+def _halve(args: argparse.Namespace) -> int:
+    from .reports.weights import halve_weights
+
+    for run_dir in args.run_dirs:
+        record = halve_weights(run_dir)
+        print(f"{run_dir}: float16 weights, test accuracy {100 * record['float16_test_accuracy']:.2f} % "
+              f"(float32: {100 * record['float32_test_accuracy']:.2f} %)")
+    return 0
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from .reports.reproduce import reproduce
 
@@ -300,7 +310,8 @@ def _grid_arguments(parser: argparse.ArgumentParser) -> None:
     from .runs.files import GridSettings
     from .tasks.seeding import SPLITS
 
-    parser.add_argument("-n", type=_positive_int, default=GridSettings.n, help=f"documents (default {GridSettings.n})")
+    parser.add_argument("-n", type=_positive_int, default=GridSettings.n,
+                        help=f"documents (default {GridSettings.n}; MQAR: queries, those of the first documents)")
     parser.add_argument("--split", choices=SPLITS, default=GridSettings.split, help=f"split (default {GridSettings.split})")
     parser.add_argument("--seed", type=_non_negative_int, help="data seed (default: the run's)")
     parser.add_argument("--sites", nargs="+", help="only these sites (default: all; see model.site_names())")
@@ -429,6 +440,14 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("repo", help="model repository, e.g. your-name/mamba-ar32-d64")
     push.add_argument("--private", action="store_true", help="create the repository as private")
     push.set_defaults(func=_push)
+
+    halve = commands.add_parser("halve", help="store finished runs' weights in half precision, to commit them",
+                                description="Replace each finished run's float32 model.safetensors by float16 weights "
+                                            "and write weights.json beside them: the sha256 of the float32 file and of "
+                                            "the float16 one, and the run's test accuracy with each (float16: "
+                                            "measured again with the halved weights).")
+    halve.add_argument("run_dirs", nargs="+", metavar="run_dir", help="finished run directories")
+    halve.set_defaults(func=_halve)
 
     from .reports.reproduce import PRESETS as REPRODUCE_PRESETS
     rp = commands.add_parser("reproduce", help="a full reference sweep, then interventions on every run and the report",

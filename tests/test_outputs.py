@@ -162,6 +162,20 @@ def test_arrow_tables_are_chunked_below_the_list_offset_limit(tmp_path, monkeypa
     assert data.to_dataset()[199]["labels"] == data.document(199)["labels"]
 
 
+def test_multi_query_arrow_tables_are_chunked_with_their_query_lists(monkeypatch):
+    from hf_mecheval.tasks import data as data_module
+
+    data = build_task("mqar_cpu").generate(100, "test", 0)         # documents of 64 to 256 tokens
+    whole = data.to_arrow()
+    monkeypatch.setattr(data_module, "MAX_LIST_TOKENS", 1000)
+    table = data.to_arrow()
+    assert table.column("answer_pos").num_chunks > 10 and table.equals(whole)
+    back = TaskData.from_arrow(table)
+    assert np.array_equal(back.query_offsets, data.query_offsets)
+    assert all(np.array_equal(back.query_columns[k], data.query_columns[k]) for k in data.query_columns)
+    assert np.array_equal(back.labels(), data.labels())
+
+
 def test_a_device_or_fifo_is_never_replaced_by_a_file(tmp_path, capsys):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)

@@ -6,6 +6,13 @@ label.
     result["corruptions"]["key"]["cells"]      # one entry per (site, position)
     result["mechanism"]                         # induction / direct_query / ... with evidence
 
+Documents with one answer per query (MQAR) are read one query at a time
+(``TaskData.per_query``): each example is a document and one of its queries, whose own pair's key
+(or value) is corrupted and whose own key, value, query and answer positions are patched (MQAR has
+no divider). The model is then labelled per query distance as well (``mechanism_by_distance``:
+examples whose query lies at most the median ``query_pos - key_pos`` from its pair are "near",
+the others "far"), from the same cells at the last layer's input.
+
 ``batch_size`` is an upper bound: the grid measures the memory of one document first and, where
 the batch asked for would not fit in half of the memory available, runs smaller batches (saying
 so on stderr); where one document does not fit, it refuses with the estimate
@@ -21,7 +28,10 @@ JSON schema (``mecheval evaluate`` writes it as ``interventions.json``)::
          "corruption_reused_fraction",
          "cells": [{"site", "layer", "component", "position", "restoration", "restoration_ci",
                     "normalized_mean", "normalized_ci", "normalized_examples", "p_patched_mean"}],
-         "per_example": {"p_clean": [...], "p_corrupt": [...], "p_patched": {"SITE@POSITION": [...]}}}}}
+         "per_example": {"p_clean": [...], "p_corrupt": [...], "p_patched": {"SITE@POSITION": [...]}}}},
+     "mechanism_by_distance": {"boundary": b, "site": "layers.L.input", "groups": {"near" | "far": {
+         "examples", "distance": [lo, hi], "clean_accuracy", "cells": {"key" | "value" | "query": {...}},
+         "mechanism": {...}}}}}        (documents with one answer per query only)
 """
 from __future__ import annotations
 
@@ -30,26 +40,35 @@ import torch
 
 from ..errors import MechEvalError
 from ..metrics.mechanism import classify
-from ..metrics.restoration import accuracy, summarize_restoration
+from ..metrics.restoration import accuracy, near_far, summarize_restoration
 from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData
 from .engine import engine_for, site_layer
 from .memory import fitting_batch_size
 
 POSITIONS = ("key", "value", "divider", "query", "answer")
+QUERY_POSITIONS = ("key", "value", "query", "answer")     # one query of a multi-query document: no divider
 CORRUPTIONS = ("key", "value")
 
 
 def default_threshold(task) -> float:
-    """The reference's denominator thresholds: 0.01 for AR, 0.1 for ATR."""
-    return 0.01 if task.name == "ar" else 0.1
+    """The reference's denominator thresholds: 0.01 for AR, 0.1 for ATR; MQAR's, with AR's
+    vocabulary of thousands of values, AR's."""
+    return 0.01 if task.name in ("ar", "mqar") else 0.1
 
 
 def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[str] | None = None,
-             positions=POSITIONS, batch_size: int = 64, seed: int = 0, threshold: float | None = None,
+             positions=None, batch_size: int = 64, seed: int = 0, threshold: float | None = None,
              n_resamples: int = 1000, progress: bool = True, keep_per_example: bool = True) -> dict:
+    """``positions``: the position names to patch (default ``POSITIONS``, or ``QUERY_POSITIONS``
+    for the queries of multi-query documents). Documents with several answers are read one query
+    at a time (``data.per_query()``: pass ``data.per_query(n)`` for the first n queries only)."""
     from tqdm.auto import tqdm
 
+    if data.multi_query:
+        data = data.per_query()
+    if positions is None:
+        positions = QUERY_POSITIONS if "query_distance" in data.columns else POSITIONS
     for column in [f"{p}_pos" for p in positions] + ["answer"]:
         if column not in data.columns:
             raise MechEvalError(f"the dataset has no {column} column; interventions need the position "
@@ -120,8 +139,32 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
             entry["per_example"] = {"p_clean": acc["p_clean"].tolist(), "p_corrupt": acc["p_corrupt"].tolist(),
                                     "p_patched": {f"{s}@{p}": v.tolist() for (s, p), v in patched.items()}}
         result["corruptions"][which] = entry
+        last = f"layers.{engine.num_layers - 1}.input"
+        if which == "key" and "query_distance" in data.columns and last in sites \
+                and all(p in positions for p in ("key", "value", "query")):
+            at_last = {p: patched[(last, p)] for p in ("key", "value", "query")}
+            result["mechanism_by_distance"] = by_distance(data, acc, at_last, last, threshold, n_resamples, seed)
     result["mechanism"] = mechanism_of(result, engine.num_layers).to_dict()
     return result
+
+
+def by_distance(data: TaskData, acc: dict, patched: dict, site: str, threshold: float, n_resamples: int,
+                seed: int) -> dict:
+    """The mechanism of the near and the far queries (``metrics.restoration.near_far``), each
+    from its examples' cells at ``site`` (key corrupted): acc holds the examples' p_clean,
+    p_corrupt and predictions, patched their p_patched at the key, value and query positions."""
+    distance = data.columns["query_distance"]
+    boundary, near = near_far(distance)
+    groups = {}
+    for name, rows in (("near", near), ("far", ~near)):
+        if not rows.any():
+            continue
+        cells = {p: summarize_restoration(acc["p_clean"][rows], acc["p_corrupt"][rows], values[rows], threshold,
+                                          n_resamples, seed) for p, values in patched.items()}
+        clean = accuracy(acc["pred_clean"][rows], data.columns["answer"][rows])
+        groups[name] = {"examples": int(rows.sum()), "distance": [int(distance[rows].min()), int(distance[rows].max())],
+                        "clean_accuracy": clean, "cells": cells, "mechanism": classify(cells, clean).to_dict()}
+    return {"boundary": boundary, "site": site, "groups": groups}
 
 
 def cell(result: dict, corruption: str, site: str, position: str) -> dict | None:

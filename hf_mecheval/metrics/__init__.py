@@ -3,7 +3,7 @@ classifier built on them. The same restoration as an ``evaluate`` module ships i
 ``interchange_restoration/``: ``evaluate.load(interchange_restoration_path())``."""
 from pathlib import Path
 
-from .restoration import (accuracy, bootstrap_interval, per_example_restoration, restoration,
+from .restoration import (accuracy, bootstrap_interval, near_far, per_example_restoration, restoration,
                           summarize_restoration)
 
 
@@ -12,5 +12,5 @@ def interchange_restoration_path() -> str:
     return str(Path(__file__).resolve().parent / "interchange_restoration")
 
 
-__all__ = ["accuracy", "bootstrap_interval", "interchange_restoration_path", "per_example_restoration",
+__all__ = ["accuracy", "bootstrap_interval", "interchange_restoration_path", "near_far", "per_example_restoration",
            "restoration", "summarize_restoration"]

@@ -89,6 +89,17 @@ def summarize_restoration(p_clean, p_corrupt, p_patched, threshold: float = 0.01
     }
 
 
+def near_far(distance) -> tuple[float, np.ndarray]:
+    """Split examples by how far each query is from its pair (``query_pos - key_pos``, one per
+    example): (the boundary, the median distance; (N,) bool, True for a "near" example, at most
+    the boundary away). The "far" ones lie beyond it (none where every distance is the median)."""
+    distance = np.asarray(distance)
+    if distance.ndim != 1 or not len(distance):
+        raise ValueError("query distances must be a non-empty 1-D array, one per example")
+    boundary = float(np.median(distance))
+    return boundary, distance <= boundary
+
+
 def accuracy(predictions, answers) -> float:
     predictions, answers = np.asarray(predictions), np.asarray(answers)
     return float((predictions == answers).mean()) if len(answers) else float("nan")

@@ -18,6 +18,7 @@ from torch import nn
 from .convolutions import ImplicitFilter, ImplicitLongConv, ShortConv
 from .mixers import zero_padding
 from .ops_long_conv import causal_conv
+from .recurrent_cache import RecurrentStateLayer
 from .sites import Site
 from .errors import ConfigError
 from .configuration_mecheval import MechEvalConfig, FILTER_FORMS, check_choice, check_int
@@ -121,6 +122,24 @@ class BaseConv(nn.Module):
         else:
             c, state = self.conv.step(conv_in, state)                      # ShortConv or ImplicitLongConv
         return c * self.projection(u_t) + u_t, state
+
+    # the step state in the generation cache (recurrent_cache.py): a short convolution's window as
+    # transformers' conv state; a long convolution's input history has no transformers
+    # counterpart (the layer's input_history)
+    cache_layer_class = RecurrentStateLayer
+
+    @property
+    def _long(self) -> bool:
+        return self.long_v1 or isinstance(self.conv, ImplicitLongConv)
+
+    def state_to_cache(self, state: torch.Tensor, layer: RecurrentStateLayer) -> None:
+        if self._long:
+            layer.store(history=state)                                     # (B, t, D)
+        else:
+            layer.store(window=state)                                      # (B, K-1, D)
+
+    def state_from_cache(self, layer: RecurrentStateLayer) -> torch.Tensor:
+        return layer.input_history if self._long else layer.window
 
 
 register_architecture(ArchitectureSpec(

@@ -23,6 +23,7 @@ from torch import nn
 from .sites import Site, through_state_site
 from .configuration_mecheval import MechEvalConfig, FILTER_FORMS, check_choice, check_divides_hidden, check_int
 from .mixer_baseconv import BaseConv, default_long_filter_order
+from .recurrent_cache import RecurrentStateLayer
 from .registry import ArchitectureSpec, register_architecture
 
 
@@ -146,6 +147,18 @@ class BasedLinearAttention(nn.Module):
             z = state[1] + fk
         y = (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + EPS)
         return self.out_proj(y.reshape(B, D)), (S, z)
+
+    # the step state in the generation cache (recurrent_cache.py): [S | z] (B, H, f, hd + 1) as
+    # transformers' recurrent state, as the state site shows it; no convolution
+    cache_layer_class = RecurrentStateLayer
+
+    def state_to_cache(self, state, layer: RecurrentStateLayer) -> None:
+        S, z = state
+        layer.store(recurrent=torch.cat([S, z[..., None]], dim=-1))
+
+    def state_from_cache(self, layer: RecurrentStateLayer):
+        S_z = layer.recurrent
+        return S_z[..., :-1], S_z[..., -1]
 
 
 # Based alternates BaseConv (even layers) with this linear attention (odd layers)

@@ -37,6 +37,7 @@ from .convolutions import ShortConv
 from .mixers import zero_padding
 from .ops_delta_rule import delta_rule_chunked, delta_rule_recurrent, delta_rule_step, delta_rule_transition
 from .ops_short_conv import short_conv
+from .recurrent_cache import QKVWindowsAndRecurrentState
 from .sites import Site, through_state_site
 from .errors import ConfigError
 from .configuration_mecheval import MechEvalConfig, check_divides_hidden, check_int
@@ -74,7 +75,7 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 # the mixer
 # --------------------------------------------------------------------------------------------
 
-class DeltaNetMixer(nn.Module):
+class DeltaNetMixer(QKVWindowsAndRecurrentState, nn.Module):
     """DeltaNet sequence mixer: (batch, length, hidden) -> (batch, length, hidden).
 
     Without short convolutions (``use_short_conv=False``) SiLU is applied to q and k only and v

@@ -46,6 +46,7 @@ from .norms import GatedRMSNorm
 from .ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_readout, gated_delta_rule_recurrent,
                                    gated_delta_rule_transition)
 from .ops_short_conv import short_conv
+from .recurrent_cache import QKVWindowsAndRecurrentState
 from .sites import Site, through_state_site
 from .errors import ConfigError
 from .configuration_mecheval import MechEvalConfig, check_divides_hidden, check_int
@@ -107,7 +108,7 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-class GatedDeltaNetMixer(nn.Module):
+class GatedDeltaNetMixer(QKVWindowsAndRecurrentState, nn.Module):
     """Gated DeltaNet sequence mixer: (batch, length, hidden) -> (batch, length, hidden)."""
 
     def __init__(self, config, layer_idx: int):

@@ -109,6 +109,7 @@ from torch.nn import functional as F
 from .convolutions import ShortConv
 from .ops_long_conv import causal_conv
 from .ops_ssm_taps import ConjugatePairTaps, PowerSumTaps
+from .recurrent_cache import RecurrentStateLayer, WindowAndRecurrentState
 from .sites import Site, through_state_site
 from .mixers import at_positions, zero_padding
 from .errors import ConfigError
@@ -263,7 +264,7 @@ class DiagonalSSM(nn.Module):
 # --- the mixer --------------------------------------------------------------------------------
 
 
-class H3(nn.Module):
+class H3(WindowAndRecurrentState, nn.Module):
     """What both forms of the H3 mixer share (:class:`H3Reference`, registered as the mixer "h3",
     and :class:`H3MechEvalV1`, "h3_v1"; ``MechEvalH3Config.layer_mixers`` names the one its ``ssm_form``
     asks for): the projections, and the parallel, answer-position and recurrent forms, which
@@ -464,6 +465,18 @@ class H3Reference(H3):
             h = u_t.new_zeros(u_t.shape[0], *dA.shape, 2, dtype=dA.real.dtype)
         h = self._rotate(dA, h) + torch.view_as_real(dB * u_t[..., None])     # dA h + dB u_t
         return self._readout(C, h).to(u_t.dtype) + self._skip() * u_t, h
+
+    # --- the step state in the generation cache (recurrent_cache.py) ------------------------------
+
+    def state_to_cache(self, state, layer: RecurrentStateLayer) -> None:
+        """The shift SSM's register x (B, D, N), x[..., n] what entered n steps ago through B, as
+        transformers' conv state: oldest first (time last), as a (B, N, D) window; the diagonal
+        SSM's state as the recurrent state."""
+        register, h = state
+        layer.store(window=register.flip(-1).transpose(1, 2), recurrent=h)
+
+    def state_from_cache(self, layer: RecurrentStateLayer):
+        return layer.window.transpose(1, 2).flip(-1), layer.recurrent
 
 
 class H3MechEvalV1(H3):

@@ -29,6 +29,7 @@ from torch import nn
 from .convolutions import HyenaFilter, ImplicitFilter, ShortConv
 from .mixers import zero_padding
 from .ops_long_conv import causal_conv
+from .recurrent_cache import RecurrentStateLayer
 from .sites import Site
 from .errors import ConfigError
 from .configuration_mecheval import MechEvalConfig, FILTER_FORMS, check_choice, check_float, check_int
@@ -126,6 +127,17 @@ class HyenaOperator(nn.Module):
         h = self.filter(t).flip(-1)                                    # (D, t): column s = tap for lag t-1-s
         y = torch.einsum("bsd,ds->bd", history, h) + self._skip(v)
         return self.out_proj(y * x0), (window, history)
+
+    # the step state in the generation cache (recurrent_cache.py): the short conv's window as
+    # transformers' conv state; the gated-v history, which the filter as long as the sequence
+    # reads whole, has no transformers counterpart (the layer's input_history)
+    cache_layer_class = RecurrentStateLayer
+
+    def state_to_cache(self, state, layer: RecurrentStateLayer) -> None:
+        layer.store(window=state[0], history=state[1])
+
+    def state_from_cache(self, layer: RecurrentStateLayer):
+        return layer.window, layer.input_history
 
 
 register_architecture(ArchitectureSpec(

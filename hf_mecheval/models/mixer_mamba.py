@@ -29,6 +29,7 @@ from .convolutions import ShortConv
 from .sites import Site, through_state_site
 from .mixers import at_positions, zero_padding
 from .ops_selective_scan import ScanWorkspace, linear_scan, selective_scan, selective_scan_at
+from .recurrent_cache import WindowAndRecurrentState
 from .errors import ConfigError
 from .configuration_mecheval import MechEvalConfig, check_float, check_int
 from .registry import ArchitectureSpec, register_architecture
@@ -77,7 +78,7 @@ class MechEvalMambaConfig(MechEvalConfig):
         return ["mamba"] * self.num_hidden_layers
 
 
-class MambaMixer(nn.Module):
+class MambaMixer(WindowAndRecurrentState, nn.Module):
     # mamba-ssm keeps nn.Linear's own init for its projections; the reference then redraws out_proj
     # and divides it by sqrt(num_hidden_layers) (modeling_mecheval.reference_linear_init)
     reference_init = {"in_proj": "torch_default", "x_proj": "torch_default", "out_proj": "torch_default_residual"}

@@ -37,6 +37,7 @@ from .mixers import at_positions, zero_padding
 from .norms import GatedRMSNorm
 from .ops_short_conv import short_conv
 from .ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
+from .recurrent_cache import WindowAndRecurrentState
 from .sites import Site, through_state_site
 from .errors import ConfigError
 from .configuration_mecheval import MechEvalConfig, check_float, check_int
@@ -99,7 +100,7 @@ class MechEvalMamba2Config(MechEvalConfig):
 KERNEL_CHUNK_SIZE = 256   # mamba-ssm's default; the chunking changes the blocking, not the result
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
     """Mamba-2 sequence mixer: (batch, length, hidden) -> (batch, length, hidden)."""
 
     # as Mamba's (mixer_mamba.py): nn.Linear's own init, out_proj then divided by sqrt(num_hidden_layers)

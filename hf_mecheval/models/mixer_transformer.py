@@ -1,16 +1,42 @@
 """Causal softmax self-attention (the Transformer's mixer): fused QKV without bias, output
-projection with bias."""
-from __future__ import annotations
+projection with bias.
 
-import math
+The attention itself is one of transformers' attention functions, chosen as transformers chooses
+(``config._attn_implementation``, which ``from_pretrained(..., attn_implementation=...)``,
+``model.set_attn_implementation(...)`` and the default, "sdpa", set):
+
+* "sdpa": transformers' ``sdpa_attention_forward`` (from ``ALL_ATTENTION_FUNCTIONS``), PyTorch's
+  fused ``scaled_dot_product_attention``;
+* "eager": :func:`eager_attention_forward` below, softmax(q k^T / sqrt(hd)) v written out, which
+  also returns the probabilities.
+
+Both read the same boolean mask of the keys each query sees (:func:`visible_keys`) and give the
+same outputs to float32 rounding (tested). Eager runs whatever the setting where it must: when the
+probabilities are asked for (``output_attentions``: "sdpa" falls back to it for that call, saying
+so once, where transformers' SDPA function would warn and return none; a config that asks for
+them under "sdpa" is refused by transformers itself), and under ``torch.func.vmap`` (a stacked
+run's ``functional_path``), where SDPA would fall back to a loop over the vmapped dimension. The block's
+sites (``mixer_input``, ``mixer_output``) are outside the attention function: every
+implementation passes the same tensors through them.
+
+Any attention mask is honoured (``masks_any_position``): a padded key, wherever it stands (before,
+after or between the tokens of its row), is hidden from every query, as in transformers'
+attention models.
+"""
+from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 
 from .mixers import at_positions
 from .configuration_mecheval import MechEvalConfig, check_divides_hidden
+from .recurrent_cache import KeyValueLayer
 from .registry import ArchitectureSpec, register_architecture
+
+logger = logging.get_logger(__name__)
 
 
 class MechEvalTransformerConfig(MechEvalConfig):
@@ -29,40 +55,51 @@ class MechEvalTransformerConfig(MechEvalConfig):
 
 
 def visible_keys(L: int, positions: torch.Tensor | None, mask: torch.Tensor | None, device) -> torch.Tensor:
-    """Which keys each query sees: (Lq, L), or (B, 1, Lq, L) with per-row ``positions`` (B, Lq)
-    (default 0 .. L-1) or a padding ``mask`` (B, L). Causal; padded keys are hidden, except from
-    the padded query itself, so that every row of the softmax has a visible key (a padded
-    query's output is never read, but a NaN there would reach later layers)."""
+    """Which of L keys each query sees, (1 or B, 1, Lq, L) bool, for the queries at ``positions``
+    (B, Lq) (default 0 .. L-1) under the padding ``mask`` (B, L) (None = no padding). Causal;
+    padded keys are hidden, except from the padded query itself, so that every row of the softmax
+    has a visible key (a padded query's output is never read, but a NaN there would reach later
+    layers)."""
     key_pos = torch.arange(L, device=device)
-    query_pos = (key_pos if positions is None else positions[:, None, :])[..., None]
+    query_pos = (key_pos if positions is None else positions[:, None, :])[..., None]    # (Lq, 1) or (B, 1, Lq, 1)
     visible = key_pos <= query_pos
     if mask is not None:
         visible = visible & (mask[:, None, None, :] | (key_pos == query_pos))
-    return visible
+    return visible.expand(*[1] * (4 - visible.dim()), *visible.shape)
 
 
-def causal_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd) + causal mask) v, written out. k, v (B, H, L, hd); q (B, H, Lq, hd)
-    for the queries at ``positions`` (B, Lq), default 0 .. L-1; ``mask`` (B, L) hides padded keys
-    -> (B, H, Lq, hd). What ``scaled_dot_product_attention(is_causal=True)`` computes (tested
-    equal); used under ``torch.func.vmap``, where SDPA would fall back to a loop over the vmapped
-    dimension, and for queries at chosen positions."""
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])                  # (B, H, Lq, L)
-    visible = visible_keys(k.shape[-2], positions, mask, q.device)
-    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
+def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
+    """softmax(q k^T * scaling over the visible keys) v, written out, with the signature of
+    transformers' attention functions: query (B, H, Lq, hd), key and value (B, H, L, hd),
+    attention_mask (1 or B, 1, Lq, L) bool, True = visible (None = causal: query i sees keys
+    0 .. i, as SDPA's ``is_causal``) -> (output (B, Lq, H, hd), probabilities (B, H, Lq, L))."""
+    scores = query @ key.transpose(-1, -2) * scaling                           # (B, H, Lq, L)
+    if attention_mask is None:
+        attention_mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    probabilities = torch.softmax(scores.masked_fill(~attention_mask, float("-inf")), dim=-1)
+    probabilities = F.dropout(probabilities, p=dropout, training=module.training)
+    return (probabilities @ value).transpose(1, 2), probabilities
 
 
 class CausalSelfAttention(nn.Module):
     reference_init = {"out_proj": "residual"}      # the reference's MHA.out_proj (modeling_mecheval.reference_linear_init)
 
+    accepts_keep = True
+    returns_attentions = True       # forward(..., output_attentions=True) -> (output, probabilities)
+    masks_any_position = True       # a padded key is hidden wherever it stands: masks may have holes
+    is_causal = True                # read by transformers' sdpa_attention_forward
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
+        self.config = config        # its _attn_implementation (the model's own config object) chooses
+        self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // self.num_heads
+        self.scaling = self.head_dim ** -0.5
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=True)
-        self.functional_path = False   # under vmap: explicit softmax attention (SDPA has no batching rule)
+        self.functional_path = False   # under vmap: eager attention (SDPA has no batching rule)
 
     def _heads(self, x: torch.Tensor):
         # x: (B, L, D) -> q, k, v each (B, H, L, hd)
@@ -70,8 +107,22 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return q, k, v
 
-    accepts_keep = True
-    returns_attentions = True       # forward(..., output_attentions=True) -> (output, probabilities)
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
+                   output_attentions: bool = False):
+        """The configured attention function: q (B, H, Lq, hd), k and v (B, H, L, hd), ``visible``
+        (see :func:`eager_attention_forward`) -> (y (B, Lq, D) before the output projection, the
+        probabilities (B, H, Lq, L) where ``output_attentions``, else None)."""
+        # a mixer built outside a model has no implementation dispatched yet: it attends eagerly
+        implementation = self.config._attn_implementation or "eager"
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if attention is not eager_attention_forward and (output_attentions or self.functional_path):
+            if output_attentions:
+                logger.warning_once(f"`{implementation}` attention does not return attention probabilities: "
+                                    "`output_attentions=True` falls back to `eager` attention for that call (load "
+                                    "the model with attn_implementation=\"eager\" to use it throughout)")
+            attention = eager_attention_forward
+        y, probabilities = attention(self, q, k, v, visible, scaling=self.scaling, dropout=0.0)
+        return y.reshape(*y.shape[:2], -1), (probabilities if output_attentions else None)
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 output_attentions: bool = False):
@@ -90,44 +141,29 @@ class CausalSelfAttention(nn.Module):
         out, state, _ = self._attend(x, mask, False)
         return out, state
 
-    def _attend(self, x: torch.Tensor, mask: torch.Tensor | None, explicit: bool):
-        """(output (B, L, D), (k, v, real), the probabilities (B, H, L, L) where ``explicit``, else
-        None: written out then, by SDPA otherwise)."""
+    def _attend(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool):
+        """(output (B, L, D), (k, v, real), the probabilities (B, H, L, L) or None)."""
         B, L, D = x.shape
         q, k, v = self._heads(x)
         real = torch.ones(B, L, dtype=torch.bool, device=x.device) if mask is None else mask
-        probabilities = None
-        if explicit:
-            probabilities = self._probabilities(q, k, real, past=0)
-            y = probabilities @ v
-        elif self.functional_path:
-            y = causal_softmax_attention(q, k, v, mask=mask)
-        elif mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, L, hd)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(L, None, mask, x.device))
-        return self.out_proj(y.transpose(1, 2).reshape(B, L, D)), (k, v, real), probabilities
-
-    def _probabilities(self, q: torch.Tensor, k: torch.Tensor, real: torch.Tensor, past: int) -> torch.Tensor:
-        """softmax(q k^T / sqrt(hd)) over the visible keys: q (B, H, Lq, hd) for the positions after
-        ``past`` earlier keys, k (B, H, past + Lq, hd), real (B, past + Lq) -> (B, H, Lq, past + Lq)."""
-        B, Lq = q.shape[0], q.shape[2]
-        positions = torch.arange(past, past + Lq, device=q.device).expand(B, Lq)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
-        visible = visible_keys(k.shape[2], positions, real, q.device)
-        return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        # no padding: no mask, so that SDPA runs as causal (its fastest kernels)
+        visible = None if mask is None else visible_keys(L, None, mask, x.device)
+        y, probabilities = self._attention(q, k, v, visible, output_attentions)
+        return self.out_proj(y), (k, v, real), probabilities
 
     def attention_weights(self, x: torch.Tensor, mask: torch.Tensor | None = None, past=None) -> torch.Tensor:
         """The attention probabilities of the queries of x (B, L, D) continuing from ``past``, the
         ``step`` state before x (t cached keys; None = none): (B, H, L, t + L), for
         ``output_attentions`` in the cached (generation) forward. ``mask`` (B, L): False at padding."""
-        q, k, _ = self._heads(x)                                               # (B, H, L, hd)
+        q, k, v = self._heads(x)                                               # (B, H, L, hd)
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
         t = 0
         if past is not None:
             t = past[0].shape[2]
-            k, real = torch.cat([past[0], k], dim=2), torch.cat([past[2], real], dim=1)
-        return self._probabilities(q, k, real, past=t)
+            k, v, real = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2), torch.cat([past[2], real], 1)
+        B, L = x.shape[:2]
+        positions = torch.arange(t, t + L, device=x.device).expand(B, L)
+        return self._attention(q, k, v, visible_keys(t + L, positions, real, x.device), output_attentions=True)[1]
 
     def _forward_at(self, x: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, L, D = x.shape
@@ -135,8 +171,8 @@ class CausalSelfAttention(nn.Module):
         w_q, w_kv = self.qkv.weight.split([D, 2 * D])
         q = F.linear(at_positions(x, keep), w_q).view(B, n, H, hd).transpose(1, 2)   # (B, H, k, hd)
         k, v = F.linear(x, w_kv).view(B, L, 2, H, hd).permute(2, 0, 3, 1, 4)     # (B, H, L, hd) each
-        y = causal_softmax_attention(q, k, v, keep, mask)                         # (B, H, k, hd)
-        return self.out_proj(y.transpose(1, 2).reshape(B, n, D))
+        y, _ = self._attention(q, k, v, visible_keys(L, keep, mask, x.device))   # (B, k, D)
+        return self.out_proj(y)
 
     def step(self, x_t: torch.Tensor, state, mask: torch.Tensor | None = None):
         """state: (keys, values, real) so far: the KV cache, each (B, H, t, hd), and which of those
@@ -151,8 +187,17 @@ class CausalSelfAttention(nn.Module):
         # every cached real token, and the token itself (see visible_keys)
         visible = real.clone()
         visible[:, -1] = True
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
-        return self.out_proj(y.reshape(x_t.shape)), (k, v, real)
+        y, _ = self._attention(q, k, v, visible[:, None, None, :])        # (B, 1, D)
+        return self.out_proj(y[:, 0]), (k, v, real)
+
+    # the step state in the generation cache (recurrent_cache.py): transformers' key/value layer
+    cache_layer_class = KeyValueLayer
+
+    def state_to_cache(self, state, layer: KeyValueLayer) -> None:
+        layer.store(*state)
+
+    def state_from_cache(self, layer: KeyValueLayer):
+        return layer.keys, layer.values, layer.real
 
 
 register_architecture(ArchitectureSpec(

@@ -8,8 +8,13 @@ A mixer is an ``nn.Module`` built as ``Mixer(config, layer_idx)`` with
   the last block uses it on the answer-only training path;
 * ``step(x_t, state, mask=None)``: the recurrent form for one token, (batch, hidden) -> (batch,
   hidden), with ``state=None`` at the start of a sequence; it returns ``(y_t, new_state)``.
-  Running it over a sequence gives ``forward``'s outputs (tested for every mixer). It is the
-  generation cache (``recurrent_cache.py``): every tensor of a state has the batch first;
+  Running it over a sequence gives ``forward``'s outputs (tested for every mixer). It is what
+  the generation cache holds (``recurrent_cache.py``): every tensor of a state has the batch
+  first;
+* optionally, how the generation cache holds that state in transformers' terms: the class
+  ``cache_layer_class`` (a layer of ``recurrent_cache.py``: key/value, or conv and recurrent
+  states), ``state_to_cache(state, layer)`` and ``state_from_cache(layer) -> state``. A mixer
+  without them has its state kept as it is (``MixerStateLayer``);
 * a mixer whose class sets ``returns_attentions = True`` (softmax attention) also takes
   ``forward(x, mask=None, output_attentions=True)`` and returns ``(y, probabilities)``, the
   (batch, heads, length, length) attention probabilities y is computed from, and
@@ -23,7 +28,10 @@ A mixer is an ``nn.Module`` built as ``Mixer(config, layer_idx)`` with
   real token of its row (left padding: the row is then computed as if it were not padded); its
   own output does not matter. That is all the backbone asks: it refuses masks with holes, and
   right padding needs nothing in a causal model. Each mixer zeroes what it mixes along the
-  sequence at padded positions (``zero_padding``), before any bias could make it non-zero;
+  sequence at padded positions (``zero_padding``), before any bias could make it non-zero. A
+  mixer whose class sets ``masks_any_position = True`` (softmax attention) hides a padded
+  position from every later one wherever it stands: where every mixer of a model does, the
+  backbone accepts masks with holes too;
 * internal intervention sites as :class:`~.sites.Site` attributes (``conv_output``, ``state``),
   which the site vocabulary picks up by itself.
 

@@ -13,12 +13,15 @@ through a named :class:`~.sites.Site` (see ``sites.py`` for the vocabulary).
 ``attention_mask`` (1 = token, 0 = padding) is honoured: a left-padded row gives the logits of
 the same row unpadded (each mixer keeps padding out of what it mixes along the sequence, and
 learned positions count real tokens only); right padding cannot change a causal model's real
-positions. A mask with padding between tokens is refused (``padding_mask``): a recurrent mixer
-cannot skip a token in the middle of a sequence.
+positions. Padding between tokens (holes) is honoured where every mixer can hide a key wherever
+it stands (softmax attention: the Transformer): a row with holes gives the logits of the row
+without them. Elsewhere it is refused (``padding_mask``): a recurrent mixer cannot skip a token
+in the middle of a sequence.
 
 Generation: with ``use_cache=True`` (as ``generate()`` passes it) the forward runs every token
-through the mixers' recurrent ``step`` forms, keeping their states in a ``RecurrentCache``, so a
-new token costs one step, not a forward over the whole sequence.
+through the mixers' recurrent ``step`` forms, keeping their states in a ``RecurrentCache`` (one
+transformers cache layer per block), so a new token costs one step, not a forward over the whole
+sequence.
 
 This file and the files it imports (all relative imports, all in this folder) are the model's
 whole code: ``save_pretrained`` writes them beside the weights with an ``auto_map`` in
@@ -54,6 +57,19 @@ from .sites import Site
 IGNORE_INDEX = -100
 
 
+def scored_positions(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """targets (..., T): what each position is scored on (IGNORE_INDEX: not scored) ->
+    (positions (..., k), their targets (..., k)): each row's scored positions in increasing order,
+    k the most any row has; a row with fewer is filled up with position 0 and IGNORE_INDEX."""
+    scored = targets != IGNORE_INDEX
+    k = max(int(scored.sum(-1).max()) if scored.numel() else 0, 1)
+    # scored positions first, each group in increasing order (a stable sort of 0 = scored, 1 = not)
+    order = torch.sort((~scored).to(torch.uint8), dim=-1, stable=True).indices[..., :k]
+    kept = scored.gather(-1, order)
+    positions = torch.where(kept, order, torch.zeros_like(order))
+    return positions, torch.where(kept, targets.gather(-1, positions), torch.full_like(positions, IGNORE_INDEX))
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (weight only): Mamba's block norm."""
 
@@ -86,18 +102,25 @@ def _norm(config) -> nn.Module:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
-def padding_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+def has_holes(mask: torch.Tensor) -> bool:
+    """Whether a row of ``mask`` (B, T) bool, True = token, has padding between two of its tokens
+    (more than one run of tokens)."""
+    runs = mask[:, 0].long() + (mask[:, 1:] & ~mask[:, :-1]).sum(1)              # runs of tokens per row
+    return bool((runs > 1).any())
+
+
+def padding_mask(attention_mask: torch.Tensor | None, length: int, holes_allowed: bool = False) -> torch.Tensor | None:
     """attention_mask (B, T) of 1 = token, 0 = padding, T >= length (with a cache it covers the
     past too) -> its last ``length`` columns as a bool mask, or None where none of them is padding.
-    Each row must be one run of tokens, padded before and/or after it; anything else is refused."""
+    Unless ``holes_allowed`` (every mixer hides a padded key wherever it stands), each row must be
+    one run of tokens, padded before and/or after it; anything else is refused."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2 or attention_mask.shape[1] < length:
         raise MechEvalError(f"attention_mask must be (batch, length >= {length}), got shape "
                             f"{tuple(attention_mask.shape)}")
     mask = attention_mask.bool()
-    runs = mask[:, 0].long() + (mask[:, 1:] & ~mask[:, :-1]).sum(1)              # runs of tokens per row
-    if bool((runs > 1).any()):
+    if not holes_allowed and has_holes(mask):
         raise MechEvalError("attention_mask has padding between the tokens of a row: only left and right "
                             "padding can be honoured (a recurrent mixer cannot skip a token inside a sequence)")
     mask = mask[:, -length:]
@@ -148,12 +171,14 @@ class Block(GradientCheckpointingLayer):
         r = self.output(r)
         return (r, weights) if output_attentions else r
 
-    def forward_cached(self, r: torch.Tensor, state, mask: torch.Tensor | None = None,
+    def forward_cached(self, r: torch.Tensor, layer, mask: torch.Tensor | None = None,
                        output_attentions: bool = False):
-        """The block continuing from its mixer's recurrent ``state`` (None at the start): r (B, L, D)
-        -> (r out (B, L, D), the state after it, attention probabilities or None). A fresh state
-        comes from the mixer's parallel ``forward_with_state`` where it has one (a prompt in one
-        pass), else from its ``step``, token by token. Sites are not visited."""
+        """The block continuing from its mixer's recurrent state, held in ``layer``, its layer of the
+        generation cache (``recurrent_cache.py``; empty at the start), which it updates: r (B, L, D)
+        -> (r out (B, L, D), attention probabilities or None). A fresh state comes from the
+        mixer's parallel ``forward_with_state`` where it has one (a prompt in one pass), else
+        from its ``step``, token by token. Sites are not visited."""
+        state = layer.step_state(self.mixer)
         x = self.mixer_norm(r)
         weights = None
         if output_attentions and getattr(self.mixer, "returns_attentions", False):
@@ -166,10 +191,11 @@ class Block(GradientCheckpointingLayer):
                 y_t, state = self.mixer.step(x[:, t], state, None if mask is None else mask[:, t])
                 steps.append(y_t)
             y = torch.stack(steps, dim=1)                                       # (B, L, D)
+        layer.hold(self.mixer, state)
         r = r + y
         if self.mlp is not None:
             r = r + self.mlp(self.mlp_norm(r))
-        return r, state, weights
+        return r, weights
 
 
 REFERENCE_INIT_RULE = "_mecheval_reference_init"     # attribute the rule is kept under on each Linear
@@ -314,13 +340,17 @@ class MechEvalModel(MechEvalPreTrainedModel):
         output_attentions = output_attentions and any(getattr(b.mixer, "returns_attentions", False) for b in self.layers)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds      # (B, L, D)
-        mask = padding_mask(attention_mask, x.shape[1])
+        holes_allowed = all(getattr(block.mixer, "masks_any_position", False) for block in self.layers)
+        mask = padding_mask(attention_mask, x.shape[1], holes_allowed)
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
         if cache is not None and keep_positions is not None:
             raise MechEvalError("keep_positions cannot be combined with a cache: the cache needs every position")
-        if cache is None and mask is not None and bool(mask[:, 0].all()):
-            mask = None      # right padding only: it cannot reach earlier positions, which count from 0 anyway
+        if cache is None and mask is not None and not holes_allowed and bool(mask[:, 0].all()):
+            # right padding only: it cannot reach earlier positions, which count from 0 anyway. Softmax
+            # attention keeps the mask, as transformers' attention models do: a generation continued
+            # after right padding reads a padded position's output, which must be the cached forward's
+            mask = None
         # a real token's position counts the real tokens before it (left padding shifts nothing),
         # after those the cache has seen
         positions = None if mask is None else (mask.long().cumsum(1) - 1).clamp(min=0)
@@ -333,7 +363,7 @@ class MechEvalModel(MechEvalPreTrainedModel):
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
             if cache is not None:
-                r, cache.layers[i], weights = block.forward_cached(r, cache.layers[i], mask, output_attentions)
+                r, weights = block.forward_cached(r, cache.layer_for(i, block.mixer), mask, output_attentions)
             elif output_attentions:
                 r, weights = block(r, keep_positions if i == last else None, mask, output_attentions=True)
             else:
@@ -366,9 +396,10 @@ class MechEvalModel(MechEvalPreTrainedModel):
                 m.materialize = flag
 
     def use_functional_path(self, flag: bool = True) -> None:
-        """Make mixers avoid what ``torch.func`` transforms such as ``vmap`` cannot batch (SDPA in
-        attention), so the model runs stacked. (The custom autograd functions — Mamba's fused
-        scan, H3's kernel taps, the direct causal convolution — have vmap rules of their own.)"""
+        """Make mixers avoid what ``torch.func`` transforms such as ``vmap`` cannot batch (SDPA:
+        attention runs eager whatever ``attn_implementation`` says), so the model runs stacked.
+        (The custom autograd functions — Mamba's fused scan, H3's kernel taps, the direct causal
+        convolution — have vmap rules of their own.)"""
         for m in self.modules():
             if hasattr(m, "functional_path"):
                 m.functional_path = flag
@@ -384,9 +415,12 @@ def answer_one_token(generation_config) -> None:
 class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
     """Backbone + LM head tied to the embedding.
 
-    Loss on the answer only: with ``labels`` (-100 except the answer, as the task datasets
+    Loss on the answers only: with ``labels`` (-100 except the answers, as the task datasets
     give them), only the positions that predict a label go through the LM head; when every
-    row has exactly one label, ``logits`` is (batch, 1, vocab) at that position. Without labels,
+    row has exactly one label, ``logits`` is (batch, 1, vocab) at that position; when rows have
+    several (MQAR: one per query), (batch, k, vocab) at each row's scored positions in order
+    (``scored_positions``: k the most of any row, the rest of a shorter row at position 0, not
+    scored), and the loss is the mean over every label of the batch. Without labels,
     ``logits_to_keep`` selects positions as in transformers (int = last k; 1D tensor = these
     positions; 2D (batch, k) integer tensor = per-row positions); default all.
 
@@ -406,7 +440,9 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = MechEvalModel(config)
+        # the architecture's own backbone class: it says what the architecture supports (such as
+        # attn_implementation "sdpa"), which transformers checks again when the backbone is built
+        self.model = MODEL_CLASSES[spec_for_config(type(config)).name][1](config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
         answer_one_token(self.generation_config)
@@ -462,18 +498,24 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         # targets[:, t]: what position t is scored on
         targets = shift_labels if shift_labels is not None else None if labels is None else labels[:, 1:]
+        kept_targets = None
         if targets is not None and not output_hidden_states and not use_cache and cache is None:
             # with one scored position per row (the tasks' answer-only loss) only that position
-            # needs the last block's MLP and the LM head
+            # needs the last block's MLP and the LM head; with several (one per query), only those
             scored = targets != IGNORE_INDEX                                   # (B, L or L-1)
             observed = any(m.wanted() for m in self.model.layers[-1].modules() if isinstance(m, Site))
             if not observed and bool((scored.sum(1) == 1).all()):
                 keep = scored.float().argmax(1)[:, None]                       # (B, 1)
+            elif not observed and bool(scored.any()):
+                keep, kept_targets = scored_positions(targets)                 # (B, k) each
         out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                          cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states,
                          output_attentions=output_attentions, keep_positions=keep, return_dict=True)
-        h = out.last_hidden_state                                              # (B, L or 1, D)
-        if keep is not None:
+        h = out.last_hidden_state                                              # (B, L or k, D)
+        if kept_targets is not None:
+            logits = self.lm_head(h)                                           # (B, k, V)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), kept_targets.flatten(), ignore_index=IGNORE_INDEX)
+        elif keep is not None:
             logits = self.lm_head(h)                                           # (B, 1, V)
             loss = F.cross_entropy(logits[:, 0].float(), targets.gather(1, keep)[:, 0])
         elif targets is not None:
@@ -495,11 +537,13 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
 class MechEvalTransformerModel(MechEvalModel):
     """The transformer backbone."""
     config_class = MechEvalTransformerConfig
+    _supports_sdpa = True       # attn_implementation "sdpa" (the default) or "eager" (mixer_transformer.py)
 
 
 class MechEvalTransformerForCausalLM(MechEvalForCausalLM):
     """The transformer causal LM."""
     config_class = MechEvalTransformerConfig
+    _supports_sdpa = True
 
 
 class MechEvalBasedModel(MechEvalModel):

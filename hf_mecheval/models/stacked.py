@@ -13,8 +13,9 @@ copy k's own gradient.
     out.loss                           # their sum: what the optimizer differentiates
     models = stacked.unstack()         # K ordinary models again
 
-Only the tasks' answer-only loss (exactly one label per row) is supported: it is what training
-uses, and it lets every copy evaluate the LM head at the answer position only.
+Only the tasks' answer-only loss is supported (labels at the answers only: one per row, or several
+for MQAR, one per query): it is what training uses, and it lets every copy evaluate the LM head at
+the answer positions only.
 """
 from __future__ import annotations
 
@@ -27,23 +28,27 @@ from torch import nn
 from torch.nn import functional as F
 
 from .errors import MechEvalError
-from .modeling_mecheval import IGNORE_INDEX, MechEvalForCausalLM
+from .modeling_mecheval import IGNORE_INDEX, MechEvalForCausalLM, scored_positions
 
 
 @dataclasses.dataclass
 class StackedOutput:
     loss: torch.Tensor        # () sum over copies
     losses: torch.Tensor      # (K,)
-    logits: torch.Tensor      # (K, B, V) at the answer-predicting position
-    targets: torch.Tensor     # (B,) or (K, B) the answers
+    logits: torch.Tensor      # (K, B, V) at the answer-predicting position, or (K, B, k, V) with several
+    targets: torch.Tensor     # (B,) or (K, B) the answers, or (B, k) / (K, B, k) with IGNORE_INDEX padding
 
 
 def answer_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """labels (..., L) with one label per row -> positions predicting it (..., 1) and answers (...)."""
+    """labels (..., L) with one label per row -> positions predicting it (..., 1) and answers (...);
+    with several labels in a row (one per query) -> positions (..., k) and answers (..., k), as
+    ``scored_positions`` orders and pads them."""
     mask = labels[..., 1:] != IGNORE_INDEX
-    if not bool((mask.sum(-1) == 1).all()):
+    if not bool(mask.any(-1).all()):
         raise MechEvalError("stacked models support the answer-only loss only: every row of labels needs "
-                            "exactly one label (the tasks' datasets give them so)")
+                            "an answer's label (the tasks' datasets give them so)")
+    if bool((mask.sum(-1) > 1).any()):
+        return scored_positions(labels[..., 1:])
     keep = mask.float().argmax(-1)[..., None]                         # (..., 1)
     return keep, labels[..., 1:].gather(-1, keep)[..., 0]
 
@@ -83,11 +88,15 @@ class StackedCausalLM(nn.Module):
     # ------------------------------------------------------------------ one copy
     def _copy_forward(self, params: dict, input_ids: torch.Tensor, keep: torch.Tensor,
                       targets: torch.Tensor):
-        # params: copy k's tensors (no leading K); input_ids (B, L); keep (B, 1); targets (B,)
+        # params: copy k's tensors (no leading K); input_ids (B, L); keep (B, 1) and targets (B,),
+        # or keep and targets (B, k) with several answers per row
         backbone = {name[len("model."):]: p for name, p in params.items() if name.startswith("model.")}
         h = torch.func.functional_call(self._template.model, backbone, (input_ids,),
-                                       {"keep_positions": keep}).last_hidden_state      # (B, 1, D)
+                                       {"keep_positions": keep}).last_hidden_state      # (B, 1 or k, D)
         head = params.get("lm_head.weight", params["model.embed_tokens.weight"])         # tied: (V, D)
+        if targets.dim() == 2:                                                           # several answers
+            logits = h @ head.T                                                          # (B, k, V)
+            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX), logits
         logits = h[:, 0] @ head.T                                                        # (B, V)
         return F.cross_entropy(logits.float(), targets), logits
 

@@ -18,7 +18,7 @@ from ..resources import check_memory
 from ..tasks.presets import get_preset, task_from_dict
 from . import plots
 from ..runs import RunDir
-from ..runs.files import GridSettings, format_score, last_layer_summary
+from ..runs.files import GridSettings, distance_summary, format_score, last_layer_summary
 from ..runs.manifest import claim_output_folder, recording
 from ..runs.model_card import write_model_card
 from ..runs.files import RESTORATION_HISTORY
@@ -162,11 +162,16 @@ def summary_lines(result: dict) -> list[str]:
     """What ``mecheval evaluate`` (and a sweep's job, into its log) prints of a grid: the run's
     first document answered, the last layer's restoration scores with the mechanism, and why."""
     row = last_layer_summary(result)
-    return [f"{result['run']['split']} document 0: {result['run']['example']}",
-            f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {format_score(row['@key'])} "
-            f"@value {format_score(row['@value'])} @query {format_score(row['@query'])} -> {row['mechanism']} "
-            f"({row['confidence']})",
-            f"reason: {row['reason']}"]
+    lines = [f"{result['run']['split']} document 0: {result['run']['example']}",
+             f"accuracy {row['accuracy']:.3f}; key corrupted, last layer's input: @key {format_score(row['@key'])} "
+             f"@value {format_score(row['@value'])} @query {format_score(row['@query'])} -> {row['mechanism']} "
+             f"({row['confidence']})",
+             f"reason: {row['reason']}"]
+    for name, group in distance_summary(result).items():
+        lines.append(f"{name} queries ({group['distance']}, {group['examples']}): accuracy {group['accuracy']:.3f}; "
+                     f"@key {format_score(group['@key'])} @value {format_score(group['@value'])} "
+                     f"@query {format_score(group['@query'])} -> {group['mechanism']} ({group['confidence']})")
+    return lines
 
 
 def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_size, n_resamples, progress) -> dict:
@@ -179,6 +184,8 @@ def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_si
     history = read_json(history_path, RESTORATION_HISTORY) if history_path.exists() else None
     seed = record["task"].get("dataset_seed", 0) if seed is None else seed
     data = task.generate(n, split, seed)
+    if data.multi_query:         # -n counts queries: those of the first documents, one example each
+        data = data.per_query(limit=n)
     positions = getattr(model.config, "max_position_embeddings", 0) or 0
     if 0 < positions < int(data.lengths.max()):
         raise MechEvalError(f"the model in {run_dir} has {positions} position embeddings but these {split} "

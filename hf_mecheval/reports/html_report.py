@@ -148,6 +148,16 @@ def run_section(row: dict, result: dict) -> str:
     return "\n".join(parts + ["</div>", "</div>"])
 
 
+def markdown_table_html(text: str) -> str:
+    """A Markdown table (``| a | b |`` lines, the second the separator) as an HTML table: the
+    report's further tables (MQAR's), which are written as Markdown for report.md."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip().startswith("|")]
+    if len(lines) < 2:
+        return ""
+    cells = [[html.escape(c.strip()) for c in line.strip("|").split("|")] for line in lines]
+    return _table(cells[0], cells[2:], text=tuple(range(len(cells[0]))))
+
+
 def figure_html(path: Path) -> str:
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
     name = html.escape(Path(path).stem)
@@ -163,9 +173,11 @@ def legend() -> str:
 
 
 def html_page(title: str, preamble: str, rows: list[dict], grids: list[dict | None], figures: list[Path],
-              verdicts: list[dict] | None = None, verdicts_title: str = "Verdicts") -> str:
+              verdicts: list[dict] | None = None, verdicts_title: str = "Verdicts",
+              sections: list[tuple[str, list[str]]] = ()) -> str:
     """The page: ``rows`` as ``report.collect_runs`` makes them, ``grids`` each row's
-    interventions.json (None where the run was not evaluated), ``figures`` PNG files."""
+    interventions.json (None where the run was not evaluated), ``figures`` PNG files;
+    ``sections``: (heading, Markdown tables) shown after the runs (MQAR's)."""
     parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
              f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -177,6 +189,8 @@ def html_page(title: str, preamble: str, rows: list[dict], grids: list[dict | No
         parts += [f"<h2>{html.escape(verdicts_title)}</h2>", verdicts_table(verdicts)]
     parts += ["<h2>Runs</h2>", "<p>Accuracy on the answer token; @key, @value, @query: restoration of the residual "
               "stream entering the last layer at that position, key corrupted.</p>", runs_table(rows)]
+    for heading, tables in sections:
+        parts += [f"<h2>{html.escape(heading)}</h2>", *(markdown_table_html(t) for t in tables if t)]
     if figures:
         parts += ["<h2>Figures</h2>", '<div class="figures">', *(figure_html(p) for p in figures), "</div>"]
     evaluated = [(row, grid) for row, grid in zip(rows, grids) if grid is not None]

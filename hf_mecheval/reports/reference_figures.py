@@ -102,24 +102,32 @@ def conv_width_figure(found: list[tuple[str, str, Selection]], path: Path) -> Pa
     """Test accuracy against the short-convolution width, one panel per architecture, each
     recipe a line through the chosen rate's mean (its seeds as points), the paper's figure for
     Mamba as black bars."""
-    archs = [a for a in ("mamba", "based") if any(label.startswith(a) for label, _, _ in found)]
-    fig, axes = plt.subplots(1, max(1, len(archs)), figsize=(5.2 * max(1, len(archs)), 4.2), squeeze=False)
-    for ax, arch in zip(axes[0], archs):
+    panels = {}
+    for arch in ("mamba", "based"):
         mine = [(label, name, sel) for label, name, sel in found if label.startswith(arch)]
-        widths = sorted({_width(label) for label, _, _ in mine})
-        ticks = ["long" if w == 99 else str(w) for w in widths]
-        for name in sorted({n for _, n, _ in mine}, key=_recipe_order):
-            pts = sorted((widths.index(_width(label)), sel) for label, n, sel in mine if n == name)
-            ax.plot([p for p, _ in pts], [100 * s.accuracy() for _, s in pts], marker="o", color=_colour(name),
-                    label=name)
+        if mine:
+            panels[arch] = [(name, _colour(name), [(_width(label), sel) for label, n, sel in mine if n == name])
+                            for name in sorted({n for _, n, _ in mine}, key=_recipe_order)]
+    return conv_width_panels(panels, path)
+
+
+def conv_width_panels(panels: dict[str, list[tuple[str, str, list[tuple[int, Selection]]]]], path: Path) -> Path:
+    """One panel per architecture (``panels``: arch -> lines of (name, colour, [(short-conv width,
+    selection)])): each line through the chosen rate's mean accuracy by short-convolution width
+    (99 = "long"), its seeds as points, the paper's width-256 figures for Mamba as black bars."""
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.4 * max(1, len(panels)), 4.2), squeeze=False)
+    for ax, (arch, lines) in zip(axes[0], panels.items()):
+        widths = sorted({w for _, _, pts in lines for w, _ in pts})
+        for name, colour, pts in lines:
+            pts = sorted((widths.index(w), sel) for w, sel in pts)
+            ax.plot([p for p, _ in pts], [100 * s.accuracy() for _, s in pts], marker="o", color=colour, label=name)
             for p, s in pts:
-                ax.scatter([p] * len(s.best), [100 * r["test_accuracy"] for r in s.best], color=_colour(name),
-                           alpha=0.4, s=14)
+                ax.scatter([p] * len(s.best), [100 * r["test_accuracy"] for r in s.best], color=colour, alpha=0.4, s=14)
         if arch == "mamba":
             paper = [(i, PAPER_MAMBA_CONV_WIDTH_256[w]) for i, w in enumerate(widths) if w in PAPER_MAMBA_CONV_WIDTH_256]
             ax.scatter([i for i, _ in paper], [v for _, v in paper], marker="_", s=500, color="black",
                        label="paper, width 256")
-        ax.set_xticks(range(len(widths)), ticks)
+        ax.set_xticks(range(len(widths)), ["long" if w == 99 else str(w) for w in widths])
         ax.set_xlabel("short-convolution width" + (" (Mamba conv_kernel)" if arch == "mamba" else " (Based)"))
         ax.set_ylabel("AR test accuracy (%)")
         ax.set_ylim(-3, 105)

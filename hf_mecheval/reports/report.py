@@ -12,6 +12,8 @@ Each run directory holds ``run.json`` and ``metrics.json`` (from ``mecheval trai
 * ``layers.png`` — restoration at every layer's input (rows: runs; columns: layer x position);
 * ``conv_kernel.png`` — accuracy against the short-convolution width, one line per architecture
   and learning rate through the mean over seeds (each seed a small point), when runs vary it;
+* MQAR runs: ``mqar_pairs.png``, ``mqar_length.png``, ``mqar_near_far.png`` and their table, with
+  Zoology's Figure 2 beside runs of its settings (``reports/mqar.py``);
 * ``report.md`` — the table and the figures;
 * ``report.html`` — all of it on one self-contained page, with each run's mechanism grid as a
   heatmap of restoration by site and position (``html_report.py``).
@@ -32,13 +34,16 @@ from ..errors import MechEvalError  # noqa: E402
 from ..atomic_files import write_text_atomic  # noqa: E402
 from ..runs.manifest import claim_output_folder, recording
 from ..runs import RunDir  # noqa: E402
-from ..runs.files import format_score, last_layer_summary  # noqa: E402
+from ..runs.files import distance_summary, format_score, last_layer_summary  # noqa: E402
 from ..runs.run_dir import init_scheme_of  # noqa: E402
+from ..experiments import read_experiment  # noqa: E402
 from .html_report import html_page  # noqa: E402
+from .mqar import mqar_figures, mqar_rows, mqar_table, zoology_table  # noqa: E402
 from .plots import save_figure  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
 COMPONENTS = ("mixer.conv_output", "mixer.state", "mixer_output")
+NESTED = ("layer_scores", "component_scores", "test_by_setting", "by_distance")   # in runs.json, not runs.csv
 
 
 def _train_seconds(metrics: dict) -> float | None:
@@ -55,10 +60,13 @@ def run_label(record: dict) -> str:
 
 def model_label(model: dict) -> str:
     """A configuration's name in tables: the architecture, with the short-convolution width where
-    it is an ablation knob (Mamba always, Based when not its default 3). ``model``: a run
-    record's model fields, or a sweep run's ``architecture`` with its ``model_config``."""
+    it is an ablation knob (Mamba always, Based when not its default 3), and "no positions" for a
+    Transformer without position embeddings. ``model``: a run record's model fields, or a sweep
+    run's ``architecture`` with its ``model_config``."""
     arch = model.get("architecture", model.get("model_type", "?"))
     extra = []
+    if arch == "transformer" and model.get("max_position_embeddings") == 0:
+        extra.append("no positions")
     if arch == "mamba":
         extra.append(f"conv {model.get('conv_kernel', 4)}")
     if arch == "based" and model.get("short_conv_kernel", 3) != 3:
@@ -86,7 +94,7 @@ def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict 
                "train_seconds": _train_seconds(metrics)}
         # written by runs since the wall clock and the test head exist (training.callbacks.TrainingClock)
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_head_size", "train_head_accuracy",
-                    "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads"):
+                    "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads", "test_by_setting"):
             if key in final:
                 row[key] = final[key]
         result = run_dir.interventions()
@@ -94,6 +102,9 @@ def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict 
             summary = last_layer_summary(result)
             del summary["accuracy"], summary["reason"]   # the grid documents' clean accuracy; the label's why
             row.update(summary)
+            by_distance = distance_summary(result)       # MQAR: the label of near and of far queries
+            if by_distance:
+                row["by_distance"] = by_distance
             by = {(c["site"], c["position"]): c for c in result["corruptions"]["key"]["cells"]}
             n_layers = max(c["layer"] for c in result["corruptions"]["key"]["cells"]) + 1
             row["layer_scores"] = {f"layers.{l}.input@{p}": by[(f"layers.{l}.input", p)]["restoration"]
@@ -213,7 +224,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_ylabel("test accuracy (%)")
         ax.legend(fontsize=8)
         made.append(save_figure(fig, out / "conv_kernel.png"))
-    return made
+    return made + mqar_figures(rows, out)
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-mecheval report",
@@ -236,7 +247,7 @@ def _write_report(collected: list[tuple[dict, dict | None]], out: Path, title: s
                   verdicts: list[dict], verdicts_title: str) -> dict:
     rows = [row for row, _ in collected]
     made = figures(rows, out)
-    flat = [{k: v for k, v in r.items() if k not in ("layer_scores", "component_scores")} for r in rows]
+    flat = [{k: v for k, v in r.items() if k not in NESTED} for r in rows]
     buffer = io.StringIO()
     columns = list(dict.fromkeys(k for r in flat for k in r))      # rows of older runs lack some keys
     writer = csv.DictWriter(buffer, fieldnames=columns)
@@ -251,8 +262,13 @@ def _write_report(collected: list[tuple[dict, dict | None]], out: Path, title: s
                  for v in verdicts]
         body += [""]
     body += [markdown_table(rows), ""]
+    tables = []          # further Markdown tables, in both pages
+    if mqar_rows(rows):      # accuracy per setting, near and far; Zoology's Figure 2 beside its settings
+        tables = [mqar_table(rows), zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"])]
+        body += ["## MQAR", "", *tables, ""]
     body += [f"![{p.stem}]({p.name})" for p in made]
     write_text_atomic(out / "report.md", "\n".join(body) + "\n", overwrite=True)
-    page = html_page(title, preamble, rows, [grid for _, grid in collected], made, verdicts, verdicts_title)
+    page = html_page(title, preamble, rows, [grid for _, grid in collected], made, verdicts, verdicts_title,
+                     sections=[("MQAR", tables)] if tables else [])
     write_text_atomic(out / "report.html", page, overwrite=True)
     return {"rows": rows, "figures": [str(p) for p in made], "out": str(out)}

@@ -76,6 +76,30 @@ def last_layer_summary(result: dict) -> dict:
     return row
 
 
+def distance_summary(result: dict) -> dict[str, dict]:
+    """For a grid on multi-query documents (``mechanism_by_distance``): per group ("near", "far")
+    its examples, distance range (as text), clean accuracy, @key/@value/@query at the last layer's
+    input and the mechanism classified again by the current rule; {} for other grids."""
+    from ..metrics.mechanism import classify
+
+    by = result.get("mechanism_by_distance")
+    if not isinstance(by, dict):
+        return {}
+    out = {}
+    groups = by.get("groups")
+    for name, group in (groups.items() if isinstance(groups, dict) else ()):
+        try:
+            mechanism = classify(group["cells"], group["clean_accuracy"])
+            lo, hi = group["distance"]
+            out[name] = {"examples": group["examples"], "accuracy": group["clean_accuracy"],
+                         "distance": f"distance {lo}-{hi}" if lo != hi else f"distance {lo}",
+                         **{f"@{p}": group["cells"][p]["restoration"] for p in ("key", "value", "query")},
+                         "mechanism": mechanism.label, "confidence": mechanism.confidence}
+        except (KeyError, TypeError, ValueError, AttributeError):     # a damaged group is left out, not a traceback
+            continue
+    return out
+
+
 # ---------------------------------------------------------------------------------- grid settings
 @dataclasses.dataclass(frozen=True)
 class GridSettings:

@@ -1,4 +1,4 @@
-"""The task contract shared by AR and ATR.
+"""The task contract shared by AR, ATR and MQAR.
 
 A task turns ``(config, split, n, seed)`` into :class:`TaskData`. Documents are produced in
 fixed-size chunks, chunk ``c`` of a split drawing only from its own seed stream
@@ -36,6 +36,7 @@ class Task(abc.ABC):
     chunk_size: int = 1024
     document_metadata: tuple[str, ...] = ()   # extra per-document int32 columns
     token_metadata: tuple[str, ...] = ()      # extra per-token int32 list columns
+    multi_query: bool = False                 # several answers per document (``TaskData.query_columns``)
 
     def __init__(self, config):
         self.config = config
@@ -57,7 +58,7 @@ class Task(abc.ABC):
         """Typed ``datasets.Features`` of this task's datasets."""
         from .data import features_for
 
-        return features_for(list(self.document_metadata), list(self.token_metadata))
+        return features_for(list(self.document_metadata), list(self.token_metadata), self.multi_query)
 
     def dataset(self, n: int, split: str = "train", seed: int = 0, workers: int = 1):
         """``n`` documents as a ``datasets.Dataset`` (built from Arrow directly: fast)."""

@@ -1,7 +1,7 @@
 """``datasets`` builders for the task presets, shipped inside the package (datasets >= 4 no
 longer runs loading scripts).
 
-    from hf_mecheval.tasks.builders import ATRBuilder
+    from hf_mecheval.tasks.builders import ATRBuilder            # ARBuilder, MQARBuilder likewise
     builder = ATRBuilder(config_name="atr_easy", train_size=10_000, seed=1)
     builder.download_and_prepare()
     ds = builder.as_dataset()            # DatasetDict: train / validation / test
@@ -85,3 +85,12 @@ class ATRBuilder(_TaskBuilder):
     TASK = "atr"
     BUILDER_CONFIGS = _configs("atr")
     DEFAULT_CONFIG_NAME = "atr_easy"
+
+
+class MQARBuilder(_TaskBuilder):
+    """Multi-query associative recall presets (``mqar``: Zoology's standard mixtures, ``mqar_cpu``,
+    and Zoology's Figure 2 settings ``mqar_64_4``, ``mqar_128_8``, ``mqar_256_16``)."""
+
+    TASK = "mqar"
+    BUILDER_CONFIGS = _configs("mqar")
+    DEFAULT_CONFIG_NAME = "mqar_cpu"

@@ -298,7 +298,8 @@ def dataset_card(entries: list[dict]) -> str:
         "pretty_name": "hf-mecheval " + " / ".join(t.upper() for t in tasks),
         "task_categories": ["text-generation"],
         "tags": ["synthetic", "mechanistic-interpretability", "hf-mecheval"]
-        + (["associative-recall"] if "ar" in tasks else []) + (["associative-treecall", "pcfg"] if "atr" in tasks else []),
+        + (["associative-recall"] if "ar" in tasks else []) + (["associative-treecall", "pcfg"] if "atr" in tasks else [])
+        + (["multi-query-associative-recall", "zoology"] if "mqar" in tasks else []),
         "size_categories": [size_category(max(sum(e["sizes"].values()) for e in entries))],
         "configs": configs,
     }
@@ -315,6 +316,20 @@ def dataset_card(entries: list[dict]) -> str:
         "the query), `query_pos` (where the answer is predicted) and `answer_pos`; plus task metadata "
         "(`num_pairs` for AR; `tree_parent` for ATR: each token's tree parent position, -1 for none).",
         "",
+    ]
+    if "mqar" in tasks:
+        lines += [
+            "MQAR (multi-query associative recall, the layout and sampling rules of Zoology's `multiquery_ar`): a "
+            "document is its key-value pairs (keys at even positions from 0, no BOS) then a query region where every "
+            "key comes back once, at a slot drawn from a power law, among filler tokens; the model answers at each "
+            "query. `answer`, `key_pos`, `value_pos`, `query_pos` and `answer_pos` are lists there, one entry per "
+            "query in the order the queries occur (no `divider_pos`), `labels` carries every answer (at "
+            "`answer_pos = query_pos + 1`; the input token there is filler, the value is never shown), and "
+            "`num_pairs` and `seq_len` are the document's setting (Zoology's slices). Token ids: 3 is the blank "
+            "filler, keys are 4 .. V/2 - 1, values V/2 .. V - 1.",
+            "",
+        ]
+    lines += [
         "```python",
         "from datasets import load_dataset",
         f"ds = load_dataset(\"path/or/repo\", \"{entries[0]['preset']}\")",

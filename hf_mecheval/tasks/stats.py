@@ -18,10 +18,14 @@ def task_statistics(data: TaskData) -> dict[str, float]:
     ATR only — tree_depth (deepest parent chain per sentence), branching (children per node
     that has any), repeated_label_fraction (sentence tokens whose label occurs more than once
     in the sentence), answer_is_root_fraction.
+    With several answers per document (MQAR) the answer statistics are over every query, and
+    queries_per_document and query_distance (query_pos - key_pos: how far a query is from its
+    pair) are added.
     """
     lengths = data.lengths
-    distance = data.columns["value_pos"] - data.columns["key_pos"]
-    query_token = data.tokens[data.offsets[:-1] + data.columns["query_pos"]]
+    rows = data.answer_rows()
+    distance = rows["value_pos"] - rows["key_pos"]
+    query_token = data.tokens[data.offsets[:-1][rows["document"]] + rows["query_pos"]]
     stats = {
         "documents": float(len(data)),
         "length_mean": float(lengths.mean()),
@@ -31,8 +35,12 @@ def task_statistics(data: TaskData) -> dict[str, float]:
         "key_value_distance_mean": float(distance.mean()),
         "key_value_distance_median": float(np.median(distance)),
         "adjacent_fraction": float((distance == 1).mean()),
-        "answer_from_query_acc": _majority_accuracy(query_token, data.columns["answer"]),
+        "answer_from_query_acc": _majority_accuracy(query_token, rows["answer"]),
     }
+    if data.multi_query:
+        far = rows["query_pos"] - rows["key_pos"]
+        stats.update(queries_per_document_mean=float(len(far) / len(data)), query_distance_mean=float(far.mean()),
+                     query_distance_median=float(np.median(far)), query_distance_max=float(far.max()))
     if "tree_parent" in data.token_columns:
         stats.update(_tree_statistics(data))
     return stats

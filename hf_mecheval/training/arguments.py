@@ -105,8 +105,8 @@ class DataArguments:
     task: str = dataclasses.field(default="ar_32", metadata={"help": f"task preset: {', '.join(PRESETS)}"})
     task_config: str = dataclasses.field(
         default="{}", metadata={"help": 'JSON object overriding task config fields, e.g. \'{"num_kv": 64}\''})
-    train_size: int | None = dataclasses.field(default=None, metadata={"help": "training documents (default 100032)"})
-    eval_size: int | None = dataclasses.field(default=None, metadata={"help": "validation and test documents each (default 1024)"})
+    train_size: int | None = dataclasses.field(default=None, metadata={"help": "training documents (default: the preset's, 100032 for AR and ATR)"})
+    eval_size: int | None = dataclasses.field(default=None, metadata={"help": "validation and test documents each (default: the preset's, 1024 for AR and ATR)"})
     dataset_seed: int = dataclasses.field(default=0, metadata={"help": "seed of the generated documents"})
 
     def task_overrides(self) -> dict[str, Any]:
@@ -124,7 +124,8 @@ class RunArguments:
     restoration_every_n_steps: int = dataclasses.field(
         default=0, metadata={"help": "measure restoration at the last layer's input every N steps (0 = never); "
                                      "see restoration_history.json"})
-    restoration_examples: int = dataclasses.field(default=64, metadata={"help": "validation documents it uses"})
+    restoration_examples: int = dataclasses.field(
+        default=64, metadata={"help": "validation documents it uses (MQAR: as many queries, those of the first documents)"})
     test_head_size: int = dataclasses.field(
         default=320, metadata={"help": "also report test accuracy on the first N test documents (the reference "
                                        "reported its first 320); 0 = not"})
@@ -146,7 +147,7 @@ class MechEvalTrainingArguments(TrainingArguments):
     per_device_train_batch_size: int = 32
     per_device_eval_batch_size: int = 256
     num_train_epochs: float | None = dataclasses.field(
-        default=None, metadata={"help": "default: 16 for AR, 32 for ATR (the reference)"})
+        default=None, metadata={"help": "default: 16 for AR, 32 for ATR (the reference), the preset's for MQAR"})
     eval_strategy: str = "epoch"
     save_strategy: str = "epoch"
     save_total_limit: int | None = 2
@@ -191,7 +192,7 @@ def resolved_sizes(data: DataArguments, run: RunArguments, training) -> tuple[in
     eval_size = data.eval_size or (QUICK_RECIPE["eval_size"] if quick else preset.eval_size)
     epochs = training.num_train_epochs
     if epochs is None:
-        epochs = QUICK_RECIPE["num_train_epochs"] if quick else (16.0 if preset.task == "ar" else 32.0)
+        epochs = QUICK_RECIPE["num_train_epochs"] if quick else preset.default_epochs
     return train_size, eval_size, epochs
 
 

@@ -18,6 +18,7 @@ from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData
 
 HISTORY_FILE = "restoration_history.json"
+MEASURED_AT = ("key", "value", "query")
 MEASURED = ("restoration_accuracy", "restoration@key", "restoration@value", "restoration@query")
 
 
@@ -38,8 +39,10 @@ class RestorationCallback(TrainerCallback):
 
     trainer: the Trainer it logs through (as TRL's callbacks take it). task: a preset name or a
     ``Task`` (its token classes define the corruption). data: the documents, a ``datasets.Dataset``
-    split as ``mecheval data publish`` and the builders write it, or ``TaskData``. Everything is
-    checked here, not at step N: the columns, the token ids against the task and the model.
+    split as ``mecheval data publish`` and the builders write it, or ``TaskData``; documents with
+    one answer per query (MQAR) are read one query at a time, as many queries as documents given
+    (those of the first documents: ``TaskData.per_query``). Everything is checked here, not at
+    step N: the columns, the token ids against the task and the model.
     """
 
     def __init__(self, trainer, task, data, every_n_steps: int = 500):
@@ -50,6 +53,8 @@ class RestorationCallback(TrainerCallback):
         self.trainer, self.every = trainer, every_n_steps
         self.task = build_task(task)
         self.data = data if isinstance(data, TaskData) else TaskData.from_dataset(data)
+        if self.data.multi_query:
+            self.data = self.data.per_query(limit=len(self.data))
         self._check(getattr(trainer, "model", None))
         self.history: list[dict] = []
 
@@ -57,7 +62,8 @@ class RestorationCallback(TrainerCallback):
         data, task = self.data, self.task
         if len(data) == 0:
             raise MechEvalError("the restoration callback needs at least one document, got none")
-        for column in [f"{p}_pos" for p in POSITIONS] + ["answer"]:
+        positions = [p for p in POSITIONS if f"{p}_pos" in data.columns]
+        for column in [f"{p}_pos" for p in MEASURED_AT] + ["answer"]:
             if column not in data.columns:
                 raise MechEvalError(f"the documents have no {column} column (give a split of the task datasets)")
         largest = int(data.tokens.max())
@@ -68,7 +74,7 @@ class RestorationCallback(TrainerCallback):
         if vocab != task.vocab_size:
             raise MechEvalError(f"the model's vocabulary has {vocab} tokens but task {task.name}'s has "
                                 f"{task.vocab_size}: the model was not built for this task")
-        for p in POSITIONS:
+        for p in positions:
             if (data.columns[f"{p}_pos"] >= data.lengths).any() or (data.columns[f"{p}_pos"] < 0).any():
                 raise MechEvalError(f"a {p}_pos lies outside its document")
         corrupt(data.padded(), data.columns["key_pos"], task.token_classes, seed=0, lengths=data.lengths)   # raises if it cannot
@@ -79,11 +85,10 @@ class RestorationCallback(TrainerCallback):
         last = engine_for(model).num_layers - 1
         site = f"layers.{last}.input"
         result = run_grid(model, self.task, self.data, corruptions=("key",), sites=[site],
-                          positions=("key", "value", "query"), n_resamples=0, progress=False,
-                          keep_per_example=False)
+                          positions=MEASURED_AT, n_resamples=0, progress=False, keep_per_example=False)
         model.train(was_training)
         entry = {"step": step, "restoration_accuracy": result["corruptions"]["key"]["clean_accuracy"]}
-        for p in ("key", "value", "query"):
+        for p in MEASURED_AT:
             entry[f"restoration@{p}"] = cell(result, "key", site, p)["restoration"]
         self.history.append(entry)
         # a score is None where the corruption left nothing to restore: not logged (reporters want numbers)

@@ -20,12 +20,15 @@ from ..tasks.data import IGNORE_INDEX, PAD, TaskData
 
 
 class PaddedTaskDataset(torch.utils.data.Dataset):
-    """input_ids (N, L) right-padded with PAD; labels (N, L) with IGNORE_INDEX except the answer."""
+    """input_ids (N, L) right-padded with PAD; labels (N, L) with IGNORE_INDEX except the answers;
+    ``document_columns``: the documents' own columns (numpy, (N,) each: MQAR's settings)."""
 
     def __init__(self, data: TaskData):
         self.input_ids = torch.from_numpy(data.padded(PAD))
         self.lengths = torch.from_numpy(data.lengths.astype(np.int64))
         self.labels = torch.from_numpy(data.padded(IGNORE_INDEX, data.labels()))
+        self.document_columns = data.columns
+        self.multi_query = data.multi_query
 
     def __len__(self) -> int:
         return len(self.input_ids)

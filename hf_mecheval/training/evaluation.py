@@ -1,14 +1,18 @@
 """Answer accuracy and probability for the Trainer's evaluation loop.
 
-The model returns logits only at the position that predicts the answer ((batch, 1, vocab));
-``preprocess_logits_for_metrics`` reduces them right away to (prediction, answer, p(answer)) so
-no full-vocabulary logits are accumulated over the evaluation set.
+The model returns logits only at the positions that predict an answer ((batch, 1, vocab), or
+(batch, k, vocab) with one answer per query: MQAR); ``preprocess_logits_for_metrics`` reduces them
+right away to (prediction, answer, p(answer)) per answer so no full-vocabulary logits are
+accumulated over the evaluation set. Accuracy is the mean over documents of the share of a
+document's answers that are right (Zoology's ``valid/accuracy``); with one answer per document,
+the share of documents answered right.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ..models.modeling_mecheval import scored_positions
 from ..tasks.data import IGNORE_INDEX
 
 
@@ -24,11 +28,63 @@ def answer_logits_summary(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     return torch.stack([probs.argmax(-1).float(), answer.float(), probs.gather(1, answer[:, None])[:, 0]], dim=1)
 
 
+def query_logits_summary(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The same for documents with one answer per query: logits (B, k, V) at each row's scored
+    positions (the model's order, ``scored_positions``) or (B, L, V); labels (B, L). Returns
+    (B, k, 3) float, rows with fewer answers padded with IGNORE_INDEX (as the Trainer pads
+    batches of another k when it joins them)."""
+    positions, answers = scored_positions(labels[:, 1:])                # (B, k) each
+    if logits.shape[1] != positions.shape[1]:
+        logits = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
+    probs = torch.softmax(logits.float(), dim=-1)                       # (B, k, V)
+    valid = answers != IGNORE_INDEX
+    p = probs.gather(-1, answers.clamp(min=0)[..., None])[..., 0]
+    summary = torch.stack([probs.argmax(-1).float(), answers.float(), p], dim=-1)
+    return torch.where(valid[..., None], summary, torch.full_like(summary, IGNORE_INDEX))
+
+
+def logits_summary_for(task):
+    """``preprocess_logits_for_metrics`` for the task's documents: one answer or one per query."""
+    return query_logits_summary if getattr(task, "multi_query", False) else answer_logits_summary
+
+
+def per_document(summary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """summary (N, 3) or (N, k, 3) as the two functions above give it -> (N,) each document's share
+    of right answers and mean p(answer)."""
+    summary = np.asarray(summary, dtype=np.float64)
+    if summary.ndim == 2:
+        return (summary[:, 0] == summary[:, 1]).astype(np.float64), summary[:, 2]
+    valid = summary[..., 1] != IGNORE_INDEX
+    count = np.maximum(valid.sum(1), 1)
+    right = ((summary[..., 0] == summary[..., 1]) & valid).sum(1) / count
+    return right, np.where(valid, summary[..., 2], 0.0).sum(1) / count
+
+
 def compute_answer_metrics(prediction) -> dict[str, float]:
-    """``compute_metrics`` for the Trainer: accuracy and mean answer probability."""
-    summary = np.asarray(prediction.predictions).reshape(-1, 3)
-    return {"accuracy": float((summary[:, 0] == summary[:, 1]).mean()),
-            "answer_prob": float(summary[:, 2].mean())}
+    """``compute_metrics`` for the Trainer: accuracy and mean answer probability (means over
+    documents: see the module's docstring)."""
+    summary = np.asarray(prediction.predictions)
+    if summary.ndim <= 2 or summary.shape[-2:] == (1, 3):
+        summary = summary.reshape(-1, 3)
+        return {"accuracy": float((summary[:, 0] == summary[:, 1]).mean()),
+                "answer_prob": float(summary[:, 2].mean())}
+    right, prob = per_document(summary)
+    return {"accuracy": float(right.mean()), "answer_prob": float(prob.mean())}
+
+
+def accuracy_by_setting(trainer, dataset) -> list[dict]:
+    """Accuracy per setting of a mixture of documents (MQAR: each ``seq_len`` and ``num_pairs``,
+    Zoology's slices): ``[{"seq_len", "num_pairs", "documents", "accuracy"}, ...]``, from one
+    prediction pass of ``trainer`` over ``dataset`` (a ``PaddedTaskDataset``, in order)."""
+    summary = trainer.predict(dataset, metric_key_prefix="by_setting").predictions
+    right, _ = per_document(summary)
+    seq_len, pairs = dataset.document_columns["seq_len"], dataset.document_columns["num_pairs"]
+    out = []
+    for length, n in sorted(set(zip(seq_len.tolist(), pairs.tolist()))):
+        rows = (seq_len == length) & (pairs == n)
+        out.append({"seq_len": length, "num_pairs": n, "documents": int(rows.sum()),
+                    "accuracy": float(right[rows].mean())})
+    return out
 
 
 def decoded_example(model, tokenizer, input_ids, labels, longest: int = 48) -> str:

@@ -38,7 +38,7 @@ from .arguments import RunArguments
 from .callbacks import TrainingClock
 from .command_line import this_command, values_as_flags
 from .data import batch_collator
-from .evaluation import answer_logits_summary, compute_answer_metrics
+from .evaluation import compute_answer_metrics, logits_summary_for
 from .jobs import Job, read_job_file
 from .progress import ProgressFile, progress_path
 from .spec import RunSpec
@@ -97,7 +97,7 @@ def train(spec: RunSpec, callbacks: Sequence = (), command: str | None = None, p
         trainer = MechEvalTrainer(
             model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
             processing_class=build_tokenizer(spec.task), data_collator=batch_collator,
-            compute_metrics=compute_answer_metrics, preprocess_logits_for_metrics=answer_logits_summary,
+            compute_metrics=compute_answer_metrics, preprocess_logits_for_metrics=logits_summary_for(spec.task),
             callbacks=callbacks,
         )
         if run_args.restoration_every_n_steps > 0:

@@ -44,10 +44,11 @@ from ..models.stacked import StackedCausalLM
 from ..runs import RunDir
 from ..runs.manifest import write_run_file
 from ..runs.run_dir import check_replaceable, checkpoints, clear_run_dir, remove_run_subfolder, differences, holds_files, resume_checkpoint
+from ..tasks.data import IGNORE_INDEX
 from ..tasks.tokenizer import build_tokenizer
 from .callbacks import TrainingClock
 from .data import StackedBatchSampler, StackedTaskDataset, batch_collator
-from .evaluation import answer_logits_summary, compute_answer_metrics
+from .evaluation import compute_answer_metrics, logits_summary_for
 from .command_line import this_command
 from .progress import ProgressFile
 from .spec import RunSpec
@@ -220,10 +221,17 @@ class StackedTrainer(MechEvalTrainer):
         for start in range(0, n, self.args.per_device_eval_batch_size):
             batch = dataset.__getitems__(list(range(start, min(n, start + self.args.per_device_eval_batch_size))))
             out = model(**{k: v.to(device) for k, v in batch.items()})
-            probs = torch.softmax(out.logits.float(), dim=-1)                       # (K, B, V)
-            targets = out.targets.expand(K, -1)                                     # (K, B)
+            probs = torch.softmax(out.logits.float(), dim=-1)                       # (K, B, [k,] V)
+            targets = out.targets.expand(K, *out.targets.shape[-out.logits.dim() + 2:])   # (K, B[, k])
             b = targets.shape[1]
             loss += out.losses.cpu() * b
+            if targets.dim() == 3:      # one answer per query: each document's share (evaluation.per_document)
+                valid = targets != IGNORE_INDEX
+                count = valid.sum(-1).clamp(min=1)
+                p = probs.gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+                correct += (((probs.argmax(-1) == targets) & valid).sum(-1) / count).sum(-1).cpu()
+                prob += ((p * valid).sum(-1) / count).sum(-1).cpu()
+                continue
             correct += (probs.argmax(-1) == targets).sum(-1).cpu()
             prob += probs.gather(-1, targets[..., None])[..., 0].sum(-1).cpu()
         model.train(was_training)
@@ -396,7 +404,7 @@ def _train_stack(members, stack_dir, records, checkpoint, command, callbacks, pr
         lone = MechEvalTrainer(model=model, args=t_args, eval_dataset=splits["validation"],
                                processing_class=build_tokenizer(task), data_collator=batch_collator,
                                compute_metrics=compute_answer_metrics,
-                               preprocess_logits_for_metrics=answer_logits_summary)
+                               preprocess_logits_for_metrics=logits_summary_for(task))
         lone.state = dataclasses.replace(trainer.state, log_history=copy_history(trainer.state.log_history, k, K))
         extra = {"stack_size": K, **clock.summary()}      # the stack's wall time
         if diverged[k] >= 0:

@@ -28,7 +28,7 @@ from ..runs.model_card import write_model_card
 from ..tasks.presets import get_preset
 from .arguments import RunArguments
 from .data import EpochShuffleSampler, PaddedTaskDataset
-from .evaluation import decoded_example
+from .evaluation import accuracy_by_setting, decoded_example
 from .progress import RunningLoss
 
 
@@ -133,7 +133,7 @@ def load_task_splits(spec, main_process: bool) -> dict:
     if spec.run.recipe == "quick" and main_process:
         print(f"recipe quick: {spec.train_size} training documents, {spec.eval_size} validation/test documents, "
               f"{spec.training.num_train_epochs:g} epochs (the reference: {preset.train_size}, {preset.eval_size}, "
-              f"{16 if preset.task == 'ar' else 32})", file=sys.stderr)
+              f"{preset.default_epochs:g})", file=sys.stderr)
     return {split: spec.task.generate(n, split, spec.data.dataset_seed)
             for split, n in (("train", spec.train_size), ("validation", spec.eval_size), ("test", spec.eval_size))}
 
@@ -182,6 +182,8 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
     # memorized its training documents (high here, low there) from one that learned nothing
     seen = trainer.evaluate(splits["train_head"], metric_key_prefix="train_head")
     final.update(train_head_size=len(splits["train_head"]), train_head_accuracy=seen["train_head_accuracy"])
+    if splits["test"].multi_query:     # a mixture of settings (MQAR): test accuracy in each, as Zoology slices it
+        final["test_by_setting"] = accuracy_by_setting(trainer, splits["test"])
     failure = run_failure(trainer.model, final)
     if failure:
         final["failed"] = failure

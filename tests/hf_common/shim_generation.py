@@ -4,10 +4,13 @@ its tests that apply to a causal LM with a recurrent cache, each over the tester
 generative class. Not here, because they do not apply: contrastive search and DoLa (removed from
 transformers 5), static / offloaded / quantised key-value caches and ``torch.compile`` of a
 compileable cache (the cache is a recurrent state, not key/value tensors), cache cropping
-(``is_croppable`` False); assisted and prompt-lookup decoding are checked to be refused."""
+(``is_croppable`` False); assisted and prompt-lookup decoding are checked to be refused.
+``test_past_key_values_format`` reads the cache a forward returns as transformers' test does, each
+layer by its kind; the test case says what it expects of each (``_expected_cache``)."""
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 
 class GenerationTesterMixin:
@@ -100,6 +103,37 @@ class GenerationTesterMixin:
             finally:
                 self.max_new_tokens = n
             self.assertTrue(torch.equal(rest, whole.sequences))
+
+    def test_past_key_values_format(self):
+        config, input_ids, attention_mask = self._generative_inputs()
+        for model in self._models(config):
+            fresh = model(input_ids, attention_mask=attention_mask, use_cache=True).cache
+            self._check_past_key_values_for_generate(input_ids.shape[0], fresh, input_ids.shape[1], config)
+
+    def _check_past_key_values_for_generate(self, batch_size, cache, seq_length, config):
+        """Each layer as transformers reads its kind: a key/value layer's ``keys`` and ``values``
+        (batch, heads, length, head_dim); a linear-attention layer's states through the cache's
+        ``get_conv_state`` and ``get_recurrent_state``, and, where a mixer's filter is as long as
+        the sequence, the input history that transformers' layers have no place for
+        (``input_history``): ``_expected_cache`` gives each layer's shapes, None where it has
+        no such part."""
+        self.assertIsInstance(cache, Cache)
+        self.assertTrue(cache.is_initialized)
+        self.assertEqual(cache.get_seq_length(), seq_length)
+        expected = self._expected_cache(config, batch_size, seq_length)
+        self.assertEqual(len(cache.layers), len(expected))
+        for index, (layer, shapes) in enumerate(zip(cache.layers, expected)):
+            if "keys" in shapes:
+                self.assertIsInstance(layer, CacheLayerMixin)
+                self.assertEqual((layer.keys.shape, layer.values.shape), (shapes["keys"], shapes["values"]))
+                continue
+            self.assertIsInstance(layer, LinearAttentionCacheLayerMixin)
+            got = {"conv": cache.get_conv_state(index), "recurrent": cache.get_recurrent_state(index),
+                   "history": layer.input_history}
+            self.assertEqual({k: None if t is None else t.shape for k, t in got.items()},
+                             {k: shapes.get(k) for k in got}, f"layer {index}")
+            if shapes.get("conv") or shapes.get("recurrent"):
+                self.assertTrue(cache.has_previous_state(index))
 
     def test_assisted_decoding_is_refused_for_a_stateful_model(self):
         config, input_ids, attention_mask = self._generative_inputs()

@@ -4,7 +4,8 @@ Residual stream layout (d = 3V + 2P): TOK (V) | POS (P) | PREV (V) | MATCH (P) |
 Attention is softmax attention with hand-set Q, K, V and a large inverse temperature, so it is
 near-hard; the LM head reads the OUT subspace.
 
-* ``induction_model``: layer 0 is a previous-token head (PREV_t = TOK_{t-1}); layer 1 at every
+* ``induction_model``: layer 0 is a previous-token head (PREV_t = TOK_{t-1}, nothing at position 0,
+  which has no previous token: an MQAR document starts with its first key); layer 1 at every
   position attends to the position whose PREV equals its own token and copies that position's
   token into OUT. At the query it finds the value position (PREV = key) and reads the value:
   the key's identity lives at the value position from layer 1's input on.
@@ -32,12 +33,16 @@ class HandAttention(nn.Module):
         self.v = nn.Linear(d, d, bias=False)
         for m in (self.q, self.k, self.v):
             nn.init.zeros_(m.weight)
+        self.silent_at_start = False       # write nothing at position 0 (a head that needs an earlier token)
 
     def forward(self, x):
         L = x.shape[1]
         scores = self.q(x) @ self.k(x).transpose(1, 2)
         mask = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-        return torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ self.v(x)
+        out = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ self.v(x)
+        if self.silent_at_start:
+            out = torch.cat([torch.zeros_like(out[:, :1]), out[:, 1:]], dim=1)
+        return out
 
 
 class HandBlock(nn.Module):
@@ -121,6 +126,7 @@ def induction_model(V, P):
     _set(a0.q, b.pos(), b.pos(), BETA * shift)
     _set(a0.k, b.pos(), b.pos(), torch.eye(P))
     _set(a0.v, b.prev(), b.tok(), torch.eye(V))
+    a0.silent_at_start = True
     # layer 1: query = own token, key = PREV, value = TOK -> OUT
     _set(a1.q, b.tok(), b.tok(), BETA * torch.eye(V))
     _set(a1.k, b.tok(), b.prev(), torch.eye(V))

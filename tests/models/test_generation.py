@@ -93,13 +93,50 @@ def test_right_padding_and_all_ones_masks_change_nothing():
         torch.testing.assert_close(model(ids, attention_mask=mask).logits[1, :5], plain[1, :5], rtol=0, atol=0)
 
 
-def test_a_mask_with_holes_is_refused():
-    model = tiny("mamba").eval()
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "transformer"])
+def test_a_mask_with_holes_is_refused_where_a_mixer_cannot_skip_a_token(arch):
+    model = tiny(arch).eval()
     ids = torch.randint(3, 11, (2, 8))
     mask = torch.ones_like(ids)
     mask[0, 3] = 0
-    with pytest.raises(MechEvalError, match="padding between the tokens"):
-        model(ids, attention_mask=mask)
+    for call in (lambda: model(ids, attention_mask=mask), lambda: model(ids, attention_mask=mask, use_cache=True),
+                 lambda: model.generate(ids, attention_mask=torch.tril(torch.ones_like(ids)), max_new_tokens=2)):
+        with pytest.raises(MechEvalError, match="padding between the tokens of a row: only left and right padding"):
+            call()
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_the_transformer_reads_a_row_with_holes_as_the_row_without_them(implementation):
+    model = tiny("transformer").double().eval()
+    model.set_attn_implementation(implementation)
+    ids = torch.randint(3, 11, (3, 10))
+    mask = torch.ones_like(ids)
+    mask[0, 2], mask[1, 4:7], mask[2, [0, 5, 9]] = 0, 0, 0                 # a hole; a wider one; all kinds
+    with torch.no_grad():
+        for kwargs in ({}, {"use_cache": True}):
+            padded = model(ids, attention_mask=mask, **kwargs).logits
+            for i in range(3):
+                real = mask[i].bool()
+                alone = model(ids[i:i + 1, real]).logits[0]
+                torch.testing.assert_close(padded[i, real], alone, rtol=0, atol=1e-10)
+
+
+def test_the_transformer_generates_under_any_mask_as_a_loop_of_full_forwards_does():
+    """``generate(ids, attention_mask=torch.tril(torch.ones_like(ids)))``: rows padded on the
+    right, so that the generated tokens follow padding (holes). With the cache and without it,
+    generate() gives what full forwards over the growing sequence and mask give."""
+    model = tiny("transformer").double().eval()
+    ids = torch.randint(3, 11, (4, 6))
+    mask = torch.tril(torch.ones_like(ids))
+    cached = model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None)
+    uncached = model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None, use_cache=False)
+    expected = ids
+    for _ in range(4):
+        grown = torch.cat([mask, torch.ones(4, expected.shape[1] - 6, dtype=mask.dtype)], dim=1)
+        with torch.no_grad():
+            token = model(expected, attention_mask=grown).logits[:, -1].float().argmax(-1)   # as generate() picks
+        expected = torch.cat([expected, token[:, None]], dim=1)
+    assert torch.equal(cached, expected) and torch.equal(uncached, expected)
 
 
 def test_continuing_from_a_returned_cache_equals_one_generation():

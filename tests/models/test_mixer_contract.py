@@ -128,14 +128,20 @@ def test_forward_with_state_leaves_the_state_of_stepping_through_the_sequence(ar
                                rtol=0, atol=1e-9)
 
 
+# one answer per row (AR, ATR), or several in any order, repeated (MQAR: one per query; a row
+# with fewer answers repeats position 0)
+KEEPS = {"one": [[3], [10]], "several": [[3, 7, 10, 11], [0, 5, 0, 0]]}
+
+
+@pytest.mark.parametrize("keep", list(KEEPS))
 @pytest.mark.parametrize("arch, variant, layer", CASES)
-def test_answer_positions_equal_the_gather_of_the_full_output(arch, variant, layer):
+def test_answer_positions_equal_the_gather_of_the_full_output(arch, variant, layer, keep):
     mixer, config = make_mixer(arch, variant, layer)
     if not getattr(mixer, "accepts_keep", False):
         pytest.skip("the mixer has no answer-position path (the block gathers its full output)")
     x = inputs(config).requires_grad_()
-    keep = torch.tensor([[3], [10]])                                   # (B, k)
-    weights = torch.randn(2, 1, config.hidden_size, dtype=f64)
+    keep = torch.tensor(KEEPS[keep])                                   # (B, k)
+    weights = torch.randn(2, keep.shape[1], config.hidden_size, dtype=f64)
     full = at_positions(mixer(x), keep)
     want = torch.autograd.grad((full * weights).sum(), [x, *mixer.parameters()])
     got = mixer(x, keep=keep)

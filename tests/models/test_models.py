@@ -67,6 +67,31 @@ def test_answer_only_loss_equals_full_cross_entropy(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_several_answers_per_row_equal_full_cross_entropy(arch):
+    # MQAR's labels: one per query, 1 to 4 per row; the loss is the mean over all of them
+    model = tiny(arch)
+    ids = torch.randint(3, 11, (4, 12))
+    labels = torch.full_like(ids, -100)
+    answers = {0: [4, 6, 9], 1: [11], 2: [2, 8], 3: [3, 5, 7, 10]}
+    for row, positions in answers.items():
+        labels[row, positions] = ids[row, positions]
+    out = model(ids, labels=labels)
+    assert out.logits.shape == (4, 4, 11)
+    full = model(ids).logits                                            # (4, 12, 11)
+    rows = [r for r, ps in answers.items() for _ in ps]
+    cols = [p - 1 for ps in answers.values() for p in ps]               # position t predicts t + 1
+    want = torch.nn.functional.cross_entropy(full[rows, cols], ids[rows, [c + 1 for c in cols]])
+    assert torch.allclose(out.loss, want, atol=1e-6)
+    for row, ps in answers.items():                                     # each row's positions in order
+        assert torch.allclose(out.logits[row, :len(ps)], full[row, [p - 1 for p in ps]], atol=1e-6)
+    # the same gradients as the loss over the full logits
+    grads = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
+    wanted = torch.autograd.grad(want, list(model.parameters()), allow_unused=True)
+    for g, w in zip(grads, wanted):
+        assert (g is None) == (w is None) and (g is None or torch.allclose(g, w, atol=1e-6))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_standard_sites_and_errors(arch):
     model = tiny(arch)
     names = model.site_names()

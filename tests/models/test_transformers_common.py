@@ -68,6 +68,43 @@ class MechEvalModelTester:
         return config, {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
+def expected_cache(config, B: int, L: int) -> list[dict]:
+    """Each layer's generation cache after B rows of L tokens, as ``recurrent_cache.py`` describes
+    it, from the config's own fields: a key/value layer's {"keys", "values"}, else a linear-attention
+    layer's {"conv", "recurrent", "history"} (a part left out: the mixer has none)."""
+    D, layers = config.hidden_size, []
+    for index, mixer in enumerate(config.layer_mixers()):
+        if mixer == "attention":
+            H = config.num_attention_heads
+            layers.append({"keys": (B, H, L, D // H), "values": (B, H, L, D // H)})
+        elif mixer == "mamba":
+            E = config.expand * D
+            layers.append({"conv": (B, E, config.conv_kernel - 1), "recurrent": (B, E, config.d_state)})
+        elif mixer == "mamba2":
+            E, N, P = config.expand * D, config.d_state, config.head_dim
+            layers.append({"conv": (B, E + 2 * config.n_groups * N, config.conv_kernel - 1), "recurrent": (B, E // P, P, N)})
+        elif mixer == "deltanet":
+            H = config.num_attention_heads
+            layers.append({"conv": (B, 3 * D, config.conv_kernel - 1), "recurrent": (B, H, D // H, D // H)})
+        elif mixer == "gated_deltanet":
+            H, dk, dv = config.num_attention_heads, config.key_head_dim, config.value_head_dim
+            layers.append({"conv": (B, H * (2 * dk + dv), config.conv_kernel - 1), "recurrent": (B, H, dk, dv)})
+        elif mixer == "based":                  # [S | z]: 1 + F + F^2 features, head_dim + 1 columns
+            H, F_ = config.num_attention_heads, config.feature_dim
+            layers.append({"recurrent": (B, H, 1 + F_ + F_ * F_, D // H + 1)})
+        elif mixer == "baseconv":
+            kernel = config.conv_kernel_for_layer(index)
+            layers.append({"history": (B, L, D)} if kernel == "long" else {"conv": (B, D, kernel - 1)})
+        elif mixer == "h3":                     # the shift register; the diagonal SSM in real coordinates
+            N = config.d_state
+            layers.append({"conv": (B, D, N), "recurrent": (B, D * config.head_dim, N // 2, 2)})
+        elif mixer == "hyena":
+            layers.append({"conv": (B, 3 * D, config.short_conv_kernel - 1), "history": (B, L, D)})
+        else:
+            raise AssertionError(f"no expected cache written for the mixer {mixer!r}")
+    return layers
+
+
 def _test_case(architecture: str) -> type:
     config_class, model_class, lm_class = MODEL_CLASSES[architecture]
 
@@ -85,6 +122,9 @@ def _test_case(architecture: str) -> type:
 
         def test_config(self):
             self.config_tester.run_common_tests()
+
+        def _expected_cache(self, config, B, L):
+            return expected_cache(config, B, L)
 
     Case.__name__ = Case.__qualname__ = f"Test{model_class.__name__.removesuffix('Model')}Common"
     return Case

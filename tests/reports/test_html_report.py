@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from html_checks import cell_texts, chromium, embedded_pngs, parse_page, render_in_chromium
 
-from hf_mecheval.reports.html_report import heat_colours, html_page
+from hf_mecheval.reports.html_report import heat_colours, html_page, markdown_table_html
 from hf_mecheval.reports.report import figures
 
 SITES = ["layers.0.input", "layers.0.mixer.state", "layers.1.input"]
@@ -94,6 +94,15 @@ def test_each_evaluated_run_has_its_grid_by_site_and_position_on_the_colour_scal
     assert heat_colours(None) == ("", "")
     # the label's reason is the current rule's, not the one the file was written with
     assert "the value position restores" in page.text and "as written then" not in page.text
+
+
+def test_further_tables_come_from_their_markdown(tmp_path):
+    text, rows, made = make_page(tmp_path)
+    table = "| task | model | test |\n|---|---|---|\n| mqar_a | based <x> | 99.5 |\n| mqar_b | h3 | 12.0 |\n"
+    page = parse_page(html_page("t", "", rows, [None, None], made, sections=[("MQAR", [table, ""])]))
+    assert page.errors == [] and cell_texts(page.tables[-1]) == [["task", "model", "test"],
+                                                                 ["mqar_a", "based <x>", "99.5"], ["mqar_b", "h3", "12.0"]]
+    assert markdown_table_html("no table here") == ""
 
 
 def test_a_broken_page_is_told_from_a_good_one():

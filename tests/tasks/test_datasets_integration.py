@@ -5,7 +5,7 @@ import pytest
 
 from hf_mecheval.errors import MechEvalError
 from hf_mecheval.tasks import build_task
-from hf_mecheval.tasks.builders import ARBuilder, ATRBuilder
+from hf_mecheval.tasks.builders import ARBuilder, ATRBuilder, MQARBuilder
 from hf_mecheval.tasks.publish import materialize
 
 
@@ -26,6 +26,28 @@ def test_builder_configs_cover_the_presets():
     assert [c.name for c in ARBuilder.BUILDER_CONFIGS] == ["ar_32", "ar_32_value_first", "ar_32_gen"]
     assert [c.name for c in ATRBuilder.BUILDER_CONFIGS] == ["atr_easy", "atr_medium", "atr_8192", "atr_gen",
                                                             "atr_sibling"]
+    assert [c.name for c in MQARBuilder.BUILDER_CONFIGS] == ["mqar", "mqar_cpu", "mqar_64_4", "mqar_128_8",
+                                                             "mqar_256_16"]
+
+
+def test_mqar_builder_and_published_folder(tmp_path):
+    builder = MQARBuilder(config_name="mqar_cpu", train_size=30, eval_size=12, seed=3, cache_dir=str(tmp_path))
+    builder.download_and_prepare()
+    built = builder.as_dataset()
+    task = build_task("mqar_cpu")
+    want = task.dataset(12, "test", seed=3)
+    assert built["test"].features == want.features and built["test"][:] == want[:]
+    assert built["train"].features["answer_pos"] == datasets.List(datasets.Value("int32"))
+    folder = materialize(["mqar_cpu"], tmp_path / "pub", train_size=30, eval_size=12, seed=3, progress=False)
+    card = (folder / "README.md").read_text()
+    assert "multi-query-associative-recall" in card and "one entry per query" in card
+    assert "queries_per_document_mean" in card
+    ds = datasets.load_dataset(str(folder), "mqar_cpu", cache_dir=str(tmp_path / "cache"))
+    assert ds["test"][:] == want[:]
+    for row in ds["train"]:
+        labels = np.array(row["labels"])
+        assert (labels != -100).sum() == row["num_pairs"] == len(row["answer"])
+        assert labels[row["answer_pos"]].tolist() == row["answer"]
 
 
 def test_builder_grammar_seed(tmp_path):

@@ -1,0 +1,190 @@
+"""MQAR's tables and figures, as a reader of Zoology expects them: accuracy against the number of
+pairs and against sequence length (one line per architecture, one panel per width), the mechanism
+per architecture overall and for near and far queries, and our accuracies beside Zoology's
+Figure 2 (``experiments/zoology.yaml``).
+
+Every function is a pure function of ``mecheval report``'s rows (``report.collect_runs``: an MQAR
+run's row holds ``test_by_setting`` and, once evaluated, ``by_distance``), so the same code draws a
+sweep's report and REPRODUCTION.md's figures from ``results/<sweep>/runs.json``. For each
+architecture and width the learning rate is the one with the best mean *validation* accuracy over
+seeds, and what is shown is that rate's runs (their mean where seeds are several).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ..runs.files import format_score  # noqa: E402
+from .plots import save_figure  # noqa: E402
+
+
+def mqar_rows(rows: list[dict]) -> list[dict]:
+    """The rows of MQAR runs (those with accuracy per setting)."""
+    return [r for r in rows if isinstance(r.get("test_by_setting"), list) and r["test_by_setting"]]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def chosen_runs(rows: list[dict]) -> dict[tuple[str, str, int], list[dict]]:
+    """(task, label, width) -> the runs at the learning rate whose mean validation accuracy over
+    seeds is best (ties: the lower rate), in a stable order of tasks, labels and widths."""
+    by_rate: dict[tuple, dict[float, list[dict]]] = {}
+    for r in rows:
+        key = (r["task"], r["label"], r["hidden_size"])
+        by_rate.setdefault(key, {}).setdefault(r.get("learning_rate") or 0.0, []).append(r)
+    out = {}
+    for key in sorted(by_rate, key=lambda k: (k[0], k[1], k[2])):
+        rates = by_rate[key]
+        best = max(sorted(rates), key=lambda lr: _mean([r["validation_accuracy"] for r in rates[lr]]))
+        out[key] = rates[best]
+    return out
+
+
+def setting_accuracy(runs: list[dict]) -> dict[tuple[int, int], float]:
+    """(seq_len, num_pairs) -> test accuracy, the mean over the runs (seeds)."""
+    values: dict[tuple[int, int], list[float]] = {}
+    for r in runs:
+        for s in r["test_by_setting"]:
+            values.setdefault((s["seq_len"], s["num_pairs"]), []).append(s["accuracy"])
+    return {k: _mean(v) for k, v in values.items()}
+
+
+def _axis_settings(settings: set[tuple[int, int]]) -> tuple[int, list[int], int, list[int]]:
+    """The length with the most pair counts and those counts; the pair count found at the most
+    lengths (ties: the larger) and those lengths: the two slices a figure draws."""
+    lengths = sorted({L for L, _ in settings})
+    length = max(lengths, key=lambda L: (sum(1 for l, _ in settings if l == L), L))
+    pair_counts = sorted({p for l, p in settings if l == length})
+    pairs = max({p for _, p in settings}, key=lambda p: (sum(1 for _, q in settings if q == p), p))
+    return length, pair_counts, pairs, sorted({L for L, p in settings if p == pairs})
+
+
+def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
+    """mqar_pairs.png (accuracy against the number of pairs at one length), mqar_length.png
+    (against the length at one number of pairs) and, where grids were run, mqar_near_far.png
+    (restoration @value and @query of near and far queries); one panel per width."""
+    rows = mqar_rows(rows)
+    chosen = {k: v for k, v in chosen_runs(rows).items() if k[0] == _main_task(rows)}
+    if not chosen:
+        return []
+    accuracy = {k: setting_accuracy(v) for k, v in chosen.items()}
+    settings = set().union(*(a.keys() for a in accuracy.values()))
+    length, pair_counts, pairs, lengths = _axis_settings(settings)
+    widths = sorted({w for _, _, w in chosen})
+    colour = _colours(label for _, label, _ in chosen)
+    made = []
+    for name, xs, point, xlabel, title in (
+            ("mqar_pairs.png", pair_counts, lambda x: (length, x), "key-value pairs", f"sequence length {length}"),
+            ("mqar_length.png", lengths, lambda x: (x, pairs), "sequence length", f"{pairs} pairs")):
+        fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1.8, 3.6), squeeze=False, sharey=True)
+        for ax, width in zip(axes[0], widths):
+            for (_, label, w), acc in accuracy.items():
+                if w == width:
+                    have = [x for x in xs if point(x) in acc]
+                    ax.plot(have, [acc[point(x)] for x in have], marker="o", label=label, color=colour[label])
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_xlabel(xlabel)
+            ax.set_title(f"width {width}, {title}")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("MQAR test accuracy")
+        _legend(fig, axes[0])
+        made.append(save_figure(fig, out / name))
+    evaluated = {k: v[0]["by_distance"] for k, v in chosen.items() if isinstance(v[0].get("by_distance"), dict)
+                 and {"near", "far"} <= set(v[0]["by_distance"])}
+    if evaluated:
+        fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths) + 1.8, 4.2), squeeze=False)
+        for ax, width in zip(axes[0], widths):
+            for (_, label, w), groups in evaluated.items():
+                near, far = groups["near"], groups["far"]
+                if w != width or None in (near["@value"], near["@query"], far["@value"], far["@query"]):
+                    continue
+                ax.plot([near["@value"], far["@value"]], [near["@query"], far["@query"]], lw=1, color=colour[label])
+                ax.scatter([near["@value"]], [near["@query"]], marker="o", color=colour[label], label=label)
+                ax.scatter([far["@value"]], [far["@query"]], marker="s", color=colour[label])
+            ax.set_xlim(-0.2, 1.2)
+            ax.set_ylim(-0.2, 1.2)
+            ax.set_xlabel("restoration @value (last layer's input)")
+            ax.set_title(f"width {width}: near (o) and far (s) queries")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("restoration @query")
+        _legend(fig, axes[0])
+        made.append(save_figure(fig, out / "mqar_near_far.png"))
+    return made
+
+
+def _legend(fig, axes) -> None:
+    """One legend for the panels, right of the last one: each label once, whichever panel drew it."""
+    handles: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    axes[-1].legend(list(handles.values()), list(handles), fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+
+
+def _colours(labels) -> dict[str, str]:
+    """One colour per architecture in every panel and figure."""
+    return {label: f"C{i % 10}" for i, label in enumerate(sorted(set(labels)))}
+
+
+def _main_task(rows: list[dict]) -> str:
+    """The task most rows share (a report of one sweep has one)."""
+    tasks = [r["task"] for r in rows]
+    return max(sorted(set(tasks)), key=tasks.count)
+
+
+def mqar_table(rows: list[dict]) -> str:
+    """Markdown: per task, architecture and width (the chosen rate), test accuracy, accuracy in
+    each setting, and the mechanism overall and for near and far queries."""
+    rows = mqar_rows(rows)
+    chosen = chosen_runs(rows)
+    if not chosen:
+        return ""
+    settings = sorted(set().union(*(setting_accuracy(v).keys() for v in chosen.values())))
+    head = ["task", "model", "width", "lr", "test"] + [f"{L}x{p}" for L, p in settings] + ["mechanism", "near", "far"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (task, label, width), runs in chosen.items():
+        acc = setting_accuracy(runs)
+        by = runs[0].get("by_distance") or {}
+        cells = [task, label, str(width), f"{runs[0].get('learning_rate') or 0:g}",
+                 f"{100 * _mean([r['test_accuracy'] for r in runs]):.1f}"]
+        cells += [f"{100 * acc[s]:.1f}" if s in acc else "" for s in settings]
+        cells.append(_label(runs[0]))
+        cells += [_label(by[g]) if g in by else "n/a" for g in ("near", "far")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _label(entry: dict) -> str:
+    """A mechanism with its restoration @key / @value / @query, as a table cell."""
+    if not entry.get("mechanism"):
+        return "n/a"
+    return (f"{entry['mechanism']} ({format_score(entry.get('@key'))} / {format_score(entry.get('@value'))} / "
+            f"{format_score(entry.get('@query'))})")
+
+
+def zoology_table(rows: list[dict], published: dict) -> str:
+    """Markdown: our test accuracy on Zoology's Figure 2 settings beside the figure's, per setting,
+    width and architecture (``published``: zoology.yaml's ``figure2``); rows of other tasks or
+    architectures are left out."""
+    chosen = chosen_runs(mqar_rows(rows))
+    lines = ["| setting | width | model | Zoology (Figure 2) | ours | ours, lr |", "|---|---|---|---|---|---|"]
+    count = 0
+    for task, by_width in published.items():
+        for width, models in by_width.items():
+            for model, theirs in models.items():
+                runs = chosen.get((task, model, int(width)))
+                if runs is None:
+                    continue
+                count += 1
+                ours = _mean([r["test_accuracy"] for r in runs])
+                lines.append(f"| {task} | {width} | {model} | {100 * theirs:.0f} | {100 * ours:.1f} | "
+                             f"{runs[0].get('learning_rate') or 0:g} |")
+    return "\n".join(lines) + "\n" if count else ""

@@ -1,0 +1,472 @@
+"""REPRODUCTION.md's "The paper's grid": AR at every width, the short-convolution ablations at
+width 256, one and three layers and the Transformer without positions, every ATR language; all
+under the reference recipe, from ``results/<sweep>/runs.json`` of
+
+    ref_width_ar          AR at widths 16, 32, 128 and 256   (reference/width_ar.yaml)
+    ref_width_ablations   Mamba conv 0-3, Based short kernels at 256 (reference/width_ablations.yaml)
+    ref_depth             1 and 3 layers, no positions, at 64 (reference/depth.yaml)
+    ref_atr_languages     atr_medium, atr_8192, atr_gen, the Transformer on atr_easy (reference/atr_languages.yaml)
+
+beside the width-64, 2-layer column of the reference setting (``ref_recipe_ar``,
+``ref_recipe_ablations``, ``ref_recipe_atr``, reference-recipe rows only). Each table picks,
+per configuration, the learning rate with the best mean validation accuracy and reports test
+accuracy there (``reference_setting.Selection``). The verdicts are stated at the width the
+paper states each claim (its AR table and ablations at 256), and each AR claim again at every
+width, so that a claim that holds at one width and not another says at which. A claim whose
+learning rates have not all finished reads "not run yet".
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..errors import MechEvalError
+from ..training.sweep import Sweep
+from .report import model_label
+from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
+                                REFERENCE_RECIPE, Selection, _order, _table, _width, recipe)
+
+GRID_SWEEPS = ("ref_width_ar", "ref_width_ablations", "ref_depth", "ref_atr_languages")
+# the packaged sweep file of each block (what is planned there: a verdict waits for all of it)
+SWEEP_FILES = {"ref_width_ar": "reference/width_ar", "ref_width_ablations": "reference/width_ablations",
+               "ref_depth": "reference/depth", "ref_atr_languages": "reference/atr_languages",
+               "ref_recipe_ar": "reference/recipe_ar", "ref_recipe_ablations": "reference/recipe_ablations",
+               "ref_recipe_atr": "reference/recipe_atr"}
+WIDTHS = (16, 32, 64, 128, 256)
+PAPER_WIDTH = 256
+BLOCKS = {"AR at every width": ("ref_width_ar",), "short-convolution ablations at 256": ("ref_width_ablations",),
+          "layers and positions at 64": ("ref_depth",), "ATR languages at 64": ("ref_atr_languages",)}
+
+
+# ---------------------------------------------------------------------------------- rows
+def _reference(results: dict[str, list[dict]], sweep: str) -> list[dict]:
+    return [dict(r, sweep=sweep) for r in results.get(sweep, []) if recipe(r) == REFERENCE_RECIPE]
+
+
+def grid_rows(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Each block's rows, the width-64 (2-layer) column of the reference setting included:
+    "ar" (2 layers, every width), "ablations" (Mamba and Based, every short convolution, widths 64
+    and 256: conv 4 and Based's default 3 are "ar"'s runs), "depth" (width 64, 1-3 layers), "atr"."""
+    ar = [r for r in _reference(results, "ref_recipe_ar") + _reference(results, "ref_width_ar") if r["layers"] == 2]
+    ablations = _reference(results, "ref_recipe_ablations") + _reference(results, "ref_width_ablations")
+    ablations += [r for r in ar if r["label"] in ("mamba (conv 4)", "based") and r["hidden_size"] in (64, PAPER_WIDTH)]
+    depth = _reference(results, "ref_depth")
+    depth += [r for r in ar if r["hidden_size"] == 64 and r["architecture"] in {d["architecture"] for d in depth}]
+    atr = _reference(results, "ref_recipe_atr") + _reference(results, "ref_atr_languages")
+    return {"ar": ar, "ablations": ablations, "depth": depth, "atr": atr}
+
+
+def cells(rows: list[dict], key) -> dict[tuple, Selection]:
+    """The configurations of ``rows`` by ``key(row)`` (a tuple beginning with the label)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    return {k: Selection(rs) for k, rs in sorted(groups.items(), key=lambda kv: (_order(kv[0][0]), kv[0][1:]))}
+
+
+def by_width(rows: list[dict]) -> dict[tuple, Selection]:
+    return cells(rows, lambda r: (r["label"], r["hidden_size"]))
+
+
+def by_layers(rows: list[dict]) -> dict[tuple, Selection]:
+    return cells(rows, lambda r: (r["label"], r["layers"]))
+
+
+def planned(sweeps: tuple[str, ...], key) -> dict[tuple, set[float]]:
+    """The learning rates the packaged sweep files of ``sweeps`` plan per configuration
+    (``key(args)``; the args of a sweep's run)."""
+    out: dict[tuple, set[float]] = {}
+    for sweep in sweeps:
+        try:
+            runs = Sweep.load(SWEEP_FILES[sweep]).runs
+        except MechEvalError:    # a block whose sweep file is not written yet plans nothing so far
+            continue
+        for run in runs:
+            out.setdefault(key(run.args), set()).add(run.args["learning_rate"])
+    return out
+
+
+def _args_label(args: dict) -> str:
+    return model_label({"architecture": args["architecture"], **args.get("model_config", {}),
+                        **({"max_position_embeddings": args["max_position_embeddings"]}
+                           if "max_position_embeddings" in args else {})})
+
+
+def planned_by_width() -> dict[tuple, set[float]]:
+    """(label, width) -> the rates planned for it, 2 layers (width 64 from recipe_ar.yaml)."""
+    return planned(("ref_recipe_ar", "ref_width_ar", "ref_recipe_ablations", "ref_width_ablations"),
+                   lambda a: (_args_label(a), a.get("hidden_size", 64)))
+
+
+def done(sel: dict[tuple, Selection], key: tuple, plan: dict[tuple, set[float]]) -> bool:
+    """Whether ``key`` has run at every learning rate planned for it (at least one)."""
+    return key in sel and plan.get(key, set()) <= set(sel[key].by_lr)
+
+
+# ---------------------------------------------------------------------------------- tables
+def _paper_cell(label: str, width: int, figures: dict) -> str:
+    return str(figures[label]) if width == PAPER_WIDTH and label in figures else "—"
+
+
+def _conv_paper(label: str) -> dict:
+    return {label: PAPER_MAMBA_CONV_WIDTH_256[_width(label)]} if label.startswith("mamba") and \
+        _width(label) in PAPER_MAMBA_CONV_WIDTH_256 else {}
+
+
+def grid_tables(results: dict[str, list[dict]]) -> dict[str, str]:
+    """Markdown per block whose rows are present, the verdicts at the paper's width and by
+    width, and the blocks' compute."""
+    rows = grid_rows(results)
+    tables = {}
+    if results.get("ref_width_ar"):
+        width = by_width(rows["ar"])
+        tables["grid_width_ar"] = _table(["model", "width", "paper (%)"] + CELL_HEAD,
+                                         [[label, str(d), _paper_cell(label, d, PAPER_AR_WIDTH_256)] + s.cells()
+                                          for (label, d), s in width.items()])
+    if results.get("ref_width_ablations"):
+        conv = cells(rows["ablations"], lambda r: (r["label"].split(" ")[0], r["hidden_size"], _width(r["label"])))
+        tables["grid_ablations"] = _table(
+            ["model (short-conv width)", "width", "paper (%)"] + CELL_HEAD,
+            [[_conv_label(arch, k), str(d), _paper_cell(_conv_label(arch, k), d,
+                                                       _conv_paper(_conv_label(arch, k)))] + s.cells()
+             for (arch, d, k), s in conv.items()])
+    if results.get("ref_depth"):
+        tables["grid_depth"] = _table(["model", "layers"] + CELL_HEAD + ["restoration by layer (@key / @value / @query)"],
+                                      [[label, str(n)] + s.cells() + [_by_layer(s)] for (label, n), s in
+                                       by_layers(rows["depth"]).items()])
+    if results.get("ref_atr_languages"):
+        atr = cells(rows["atr"], lambda r: (r["label"], r["task"]))
+        tables["grid_atr"] = _table(["task", "model", "epochs"] + CELL_HEAD,
+                                    [[task, label, "/".join(str(e) for e in sorted({round(r.get("epochs") or 0)
+                                                                                     for r in s.best}))] + s.cells()
+                                     for (label, task), s in sorted(atr.items(), key=lambda kv: (
+                                         TASK_ORDER.index(kv[0][1]) if kv[0][1] in TASK_ORDER else 99,
+                                         _order(kv[0][0])))])
+    if any(results.get(s) for s in GRID_SWEEPS):
+        tables["grid_verdicts"] = _table(["claim", "paper", "here", "verdict"],
+                                         [[v["claim"], v["paper"], v["figures"], v["verdict"]]
+                                          for v in grid_verdicts(rows)])
+        tables["grid_by_width"] = _table(["claim"] + [f"width {d}" for d in WIDTHS],
+                                         [[claim] + cols for claim, cols in claims_by_width(rows["ar"]).items()])
+        tables["grid_compute"] = compute_table(results)
+    return tables
+
+
+TASK_ORDER = ("atr_easy", "atr_gen", "atr_medium", "atr_8192")
+
+
+def _conv_label(arch: str, kernel: int) -> str:
+    return f"{arch} (conv {'long' if kernel == 99 else kernel})"
+
+
+def _by_layer(sel: Selection) -> str:
+    """Each layer's input restoration (key corrupted) at the key / value / query, mean over the
+    chosen rate's seeds: "L0 0.00/0.02/0.98; L1 ..."."""
+    layers = sorted({int(k.split(".")[1]) for r in sel.best for k in (r.get("layer_scores") or {})})
+    parts = []
+    for layer in layers:
+        values = []
+        for p in ("key", "value", "query"):
+            xs = [(r.get("layer_scores") or {}).get(f"layers.{layer}.input@{p}") for r in sel.best]
+            xs = [x for x in xs if x is not None]
+            values.append(f"{sum(xs) / len(xs):.2f}" if xs else "n/a")
+        parts.append(f"L{layer} {'/'.join(values)}")
+    return "; ".join(parts) or "n/a"
+
+
+# ---------------------------------------------------------------------------------- verdicts
+SOLVES, FAILS, MAMBA_SOLVES = 0.95, 0.5, 0.8
+
+
+def _scores(sel: Selection) -> dict:
+    out = {}
+    for p in ("key", "value", "query"):
+        values = [r.get(f"@{p}") for r in sel.best]
+        out[p] = None if None in values or not values else sum(values) / len(values)
+    return out
+
+
+def _mech(sel: Selection) -> str:
+    return ", ".join(sorted({r.get("mechanism") or "n/a" for r in sel.best}))
+
+
+def _acc(sel: Selection) -> str:
+    return f"{100 * sel.accuracy():.1f} %"
+
+
+def _mamba_direct(sel: Selection) -> bool:
+    s = _scores(sel)
+    return sel.accuracy() >= FAILS and None not in s.values() and s["value"] <= 0.3 and s["key"] + s["query"] >= 0.5
+
+
+def ar_claims(at: dict[str, Selection], ready) -> list[dict]:
+    """The paper's AR claims on ``at`` (label -> Selection) at one width, ``ready(label)`` saying
+    whether a label's every planned rate has finished."""
+    out = []
+
+    def claim(text, paper, needed, holds, figures):
+        if not all(ready(label) for label in needed):
+            out.append({"claim": text, "paper": paper, "figures": "—", "verdict": "not run yet"})
+        else:
+            out.append({"claim": text, "paper": paper, "figures": figures(),
+                        "verdict": "**holds**" if holds() else "**does not hold**"})
+
+    strong, weak, mamba = ("transformer", "based"), ("hyena", "baseconv", "h3"), "mamba (conv 4)"
+    claim("Transformer and Based solve AR", "100 / 99 %", strong,
+          lambda: all(at[l].accuracy() >= SOLVES for l in strong), lambda: " / ".join(_acc(at[l]) for l in strong))
+    claim("Mamba (conv 4) solves AR", "91 %", (mamba,), lambda: at[mamba].accuracy() >= MAMBA_SOLVES,
+          lambda: _acc(at[mamba]))
+    claim("Hyena, BaseConv and H3 fail", "30 / 10 / 2 %", weak, lambda: all(at[l].accuracy() <= FAILS for l in weak),
+          lambda: " / ".join(_acc(at[l]) for l in weak))
+    claim("Transformer and Based use induction", "induction", strong,
+          lambda: all(_mech(at[l]) == "induction" for l in strong), lambda: " / ".join(_mech(at[l]) for l in strong))
+    claim("Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1", "@value ≈ 0, @key + @query ≈ 1", (mamba,),
+          lambda: _mamba_direct(at[mamba]),
+          lambda: "@key {key}, @value {value}, @query {query}".format(
+              **{p: "n/a" if v is None else f"{v:.2f}" for p, v in _scores(at[mamba]).items()}))
+    claim("DeltaNet retrieves directly", "direct retrieval", ("deltanet",),
+          lambda: _mech(at["deltanet"]) in ("direct_query", "direct_key_query"),
+          lambda: f"{_acc(at['deltanet'])}, {_mech(at['deltanet'])}")
+    conv = {k: f"mamba (conv {k})" for k in range(5)}
+    claim("Mamba with a short convolution of width 0 or 1 collapses (≤ 10 %)", "6 / 3 %", (conv[0], conv[1]),
+          lambda: all(at[conv[k]].accuracy() <= 0.1 for k in (0, 1)),
+          lambda: " / ".join(_acc(at[conv[k]]) for k in (0, 1)))
+
+    def narrow_works() -> bool:
+        low = max(at[conv[k]].accuracy() for k in (0, 1))
+        return all(at[conv[k]].accuracy() >= at[conv[4]].accuracy() - 0.1 and at[conv[k]].accuracy() >= low + 0.2
+                   for k in (2, 3))
+
+    claim("Mamba with width 2 or 3 does as well as with 4 (within 10 points) and far better than with 0 or 1 "
+          "(by ≥ 20 points)", "94 / 92 / 91 %", tuple(conv.values()), narrow_works,
+          lambda: " / ".join(_acc(at[conv[k]]) for k in (2, 3, 4)))
+    return out
+
+
+def _at_width(rows: list[dict], width: int) -> tuple[dict[str, Selection], callable]:
+    sel = by_width(rows)
+    plan = planned_by_width()
+    at = {label: s for (label, d), s in sel.items() if d == width}
+    return at, lambda label: done(sel, (label, width), plan)
+
+
+def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
+    """The claims at the width the paper states them (AR and ablations at 256), the depth and
+    position claims at 64, and ATR's at 64; each claim's text names its width."""
+    conv = [r for r in rows["ablations"] if r["sweep"] == "ref_width_ablations"]     # conv 4 is in "ar"
+    at, ready = _at_width(rows["ar"] + conv, PAPER_WIDTH)
+    out = [dict(v, claim=f"{v['claim']} (width {PAPER_WIDTH})") for v in ar_claims(at, ready)]
+    depth = by_layers(rows["depth"])
+    depth_plan = planned(("ref_depth", "ref_recipe_ar"), lambda a: (_args_label(a), a.get("num_hidden_layers", 2)))
+
+    def ready_depth(*keys):
+        return all(done(depth, k, depth_plan) or (k[1] == 2 and k in depth) for k in keys)
+
+    def judged(text, paper, keys, holds, figures):
+        ok = ready_depth(*keys)
+        out.append({"claim": text, "paper": paper, "figures": figures() if ok else "—",
+                    "verdict": ("**holds**" if holds() else "**does not hold**") if ok else "not run yet"})
+
+    m1, m2, t1 = ("mamba (conv 4)", 1), ("mamba (conv 4)", 2), ("transformer", 1)
+    judged("A 1-layer Mamba still solves AR (within 10 points of 2 layers; width 64)", "solves", (m1, m2),
+           lambda: depth[m1].accuracy() >= max(FAILS, depth[m2].accuracy() - 0.1),
+           lambda: f"1 layer {_acc(depth[m1])}, 2 layers {_acc(depth[m2])}")
+    judged("A 1-layer Transformer cannot solve AR (width 64)", "fails", (t1,), lambda: depth[t1].accuracy() <= FAILS,
+           lambda: _acc(depth[t1]))
+    three = sorted({k[0] for k in depth if k[1] == 3}, key=_order)
+    judged("With 3 layers the picture of 2 holds: each model solves or fails as with 2, by the same mechanism "
+           "(width 64)", "as with 2 layers", [(l, n) for l in three for n in (2, 3)] or [("transformer", 3)],
+           lambda: all(_same_picture(depth[(l, 2)], depth[(l, 3)]) for l in three),
+           lambda: "; ".join(f"{l}: {_acc(depth[(l, 2)])} {_mech(depth[(l, 2)])} → {_acc(depth[(l, 3)])} "
+                             f"{_mech(depth[(l, 3)])}" for l in three))
+    t0 = ("transformer (no positions)", 2)
+    judged("The Transformer without position embeddings fails AR (width 64)", "fails", (t0,),
+           lambda: depth[t0].accuracy() <= FAILS, lambda: _acc(depth[t0]))
+    atr = cells(rows["atr"], lambda r: (r["label"], r["task"]))
+    for task in TASK_ORDER:
+        keys = [("transformer", task), ("mamba (conv 4)", task)]
+        ok = all(k in atr for k in keys)
+        out.append({"claim": f"{task}: the Transformer uses induction, Mamba (conv 4) does not (width 64)",
+                    "paper": "as on AR",
+                    "figures": f"{_mech(atr[keys[0]])} / {_mech(atr[keys[1]])}" if ok else "—",
+                    "verdict": ("**holds**" if _mech(atr[keys[0]]) == "induction" and "induction" not in
+                                _mech(atr[keys[1]]) else "**does not hold**") if ok else "not run yet"})
+    return out
+
+
+def _same_picture(two: Selection, three: Selection) -> bool:
+    """Both solve (≥ 50 %) or both fail, and with the same mechanism label."""
+    return (two.accuracy() >= FAILS) == (three.accuracy() >= FAILS) and _mech(two) == _mech(three)
+
+
+def claims_by_width(ar_rows: list[dict]) -> dict[str, list[str]]:
+    """Each AR claim (the first six of ``ar_claims``) judged at every width: "holds", "does not
+    hold" or "not run yet"; the paper states them at 256."""
+    table: dict[str, list[str]] = {}
+    for width in WIDTHS:
+        at, ready = _at_width(ar_rows, width)
+        for v in ar_claims(at, ready)[:6]:
+            table.setdefault(v["claim"], []).append(v["verdict"].replace("**", ""))
+    return table
+
+
+# ---------------------------------------------------------------------------------- compute
+def compute_table(results: dict[str, list[dict]]) -> str:
+    """Each block's measured CPU hours (the runs' own CPU time, which sharing the machine does not
+    inflate), wall hours, and how many of its planned runs have finished."""
+    lines = []
+    for block, sweeps in BLOCKS.items():
+        rows = [r for s in sweeps for r in results.get(s, [])]
+        planned_runs = 0
+        for s in sweeps:
+            try:
+                planned_runs += len(Sweep.load(SWEEP_FILES[s]).runs)
+            except MechEvalError:     # not written yet
+                pass
+        cpu = sum(r.get("train_cpu_seconds") or 0 for r in rows) / 3600
+        wall = sum(r.get("train_wall_seconds") or 0 for r in rows) / 3600
+        lines.append([block, f"{len(rows)} of {planned_runs}", f"{cpu:.1f}", f"{wall:.1f}"])
+    return _table(["block", "runs finished", "CPU hours", "wall hours"], lines)
+
+
+# ---------------------------------------------------------------------------------- figures
+def grid_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
+    """accuracy and restoration against width, the ablations against width, restoration by layer
+    for 1, 2 and 3 layers: each where its rows are present."""
+    rows = grid_rows(results)
+    made = []
+    if results.get("ref_width_ar"):
+        made.append(accuracy_width_figure(rows["ar"], out / "accuracy_by_width.png"))
+        made.append(restoration_width_figure(rows["ar"], out / "restoration_by_width.png"))
+    if results.get("ref_width_ablations"):
+        made.append(ablations_width_figure(rows["ablations"], out / "ablations_by_width.png"))
+    if results.get("ref_depth"):
+        made.append(layers_figure(rows["depth"], out / "restoration_by_layer.png"))
+    return made
+
+
+def _colours(labels) -> dict[str, tuple]:
+    import matplotlib.pyplot as plt
+
+    return {label: plt.cm.tab10(i % 10) for i, label in enumerate(sorted(labels, key=_order))}
+
+
+def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
+    """AR test accuracy against width (log2 axis): each architecture's best rate per width (mean
+    over seeds, a line), every seed there a point, the paper's width-256 figure a black bar."""
+    import matplotlib.pyplot as plt
+
+    from .plots import save_figure
+
+    sel = by_width(rows)
+    labels = sorted({label for label, _ in sel}, key=_order)
+    colour = _colours(labels)
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for label in labels:
+        pts = sorted((d, s) for (l, d), s in sel.items() if l == label)
+        ax.plot([d for d, _ in pts], [100 * s.accuracy() for _, s in pts], marker="o", color=colour[label],
+                label=label)
+        for d, s in pts:
+            ax.scatter([d] * len(s.best), [100 * r["test_accuracy"] for r in s.best], color=colour[label], s=14,
+                       alpha=0.5)
+        if label in PAPER_AR_WIDTH_256:
+            ax.scatter([PAPER_WIDTH * 1.08], [PAPER_AR_WIDTH_256[label]], marker="_", s=300, color=colour[label],
+                       linewidths=3)
+    ax.scatter([], [], marker="_", s=300, color="black", linewidths=3, label="paper, width 256")
+    _width_axis(ax)
+    ax.set_ylabel("AR test accuracy (%)")
+    ax.set_ylim(-3, 105)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set_title("AR (ar_32) by width: best learning rate (line: mean over seeds; dots: seeds)")
+    return save_figure(fig, path)
+
+
+def _width_axis(ax) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(WIDTHS, [str(d) for d in WIDTHS])
+    ax.minorticks_off()
+    ax.set_xlabel("width (hidden size)")
+    ax.grid(alpha=0.3)
+
+
+def restoration_width_figure(rows: list[dict], path: Path) -> Path:
+    """Restoration @value, @query and @key (the last layer's input, key corrupted) of each
+    architecture's chosen runs against width, one panel per position; runs that failed the task
+    (no restoration measured) are left out."""
+    import matplotlib.pyplot as plt
+
+    from .plots import save_figure
+
+    sel = by_width(rows)
+    labels = sorted({label for label, _ in sel}, key=_order)
+    colour = _colours(labels)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
+    for ax, p in zip(axes, ("value", "query", "key")):
+        for label in labels:
+            pts = [(d, _scores(s)[p]) for (l, d), s in sorted(sel.items(), key=lambda kv: kv[0][1]) if l == label]
+            pts = [(d, v) for d, v in pts if v is not None]
+            if pts:
+                ax.plot([d for d, _ in pts], [v for _, v in pts], marker="o", color=colour[label], label=label)
+        _width_axis(ax)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_ylim(-0.2, 1.2)
+        ax.set_title(f"restoration @{p}")
+    axes[0].set_ylabel("restoration (last layer's input, key corrupted)")
+    axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.suptitle("Where each architecture reads the key, by width (induction: @value ≈ 1; direct: @query/@key)")
+    return save_figure(fig, path)
+
+
+def ablations_width_figure(rows: list[dict], path: Path) -> Path:
+    """Test accuracy against the short-convolution width at widths 64 and 256, one panel per
+    architecture (Mamba, Based), the paper's width-256 Mamba figures as black bars."""
+    from .reference_figures import conv_width_panels
+
+    conv = cells(rows, lambda r: (r["label"].split(" ")[0], r["hidden_size"], _width(r["label"])))
+    panels = {arch: [(f"width {d}", colour, [(k, s) for (a, w, k), s in conv.items() if a == arch and w == d])
+                     for d, colour in ((64, "tab:blue"), (256, "tab:red"))
+                     if any(a == arch and w == d for a, w, _ in conv)]
+              for arch in ("mamba", "based") if any(a == arch for a, _, _ in conv)}
+    return conv_width_panels(panels, path)
+
+
+def layers_figure(rows: list[dict], path: Path) -> Path:
+    """Restoration at each layer's input (key corrupted) at the key, value and query, for 1, 2 and
+    3 layers: one row of panels per architecture, one panel per depth."""
+    import matplotlib.pyplot as plt
+
+    from .plots import save_figure
+
+    sel = by_layers(rows)
+    labels = sorted({label for label, _ in sel}, key=_order)
+    depths = sorted({n for _, n in sel})
+    fig, axes = plt.subplots(len(labels), len(depths), figsize=(3.6 * len(depths), 2.4 * len(labels)),
+                             squeeze=False, sharey=True)
+    colours = {"key": "tab:orange", "value": "tab:green", "query": "tab:blue"}
+    for i, label in enumerate(labels):
+        for j, n in enumerate(depths):
+            ax = axes[i][j]
+            s = sel.get((label, n))
+            if s is None:
+                ax.set_axis_off()
+                continue
+            measured = False
+            for p, colour in colours.items():
+                ys = []
+                for layer in range(n):
+                    xs = [(r.get("layer_scores") or {}).get(f"layers.{layer}.input@{p}") for r in s.best]
+                    xs = [x for x in xs if x is not None]
+                    ys.append(sum(xs) / len(xs) if xs else math.nan)
+                measured = measured or any(not math.isnan(y) for y in ys)
+                ax.plot(range(n), ys, marker="o", color=colour, label=f"@{p}")
+            if not measured:      # a model that fails the task: the grid measures no restoration
+                ax.text(0.5, 0.5, "no restoration measured\n(the model fails the task)", transform=ax.transAxes,
+                        ha="center", va="center", fontsize=8, color="grey")
+            ax.set_xticks(range(n), [f"L{layer}" for layer in range(n)])
+            ax.axhline(0, color="grey", lw=0.5)
+            ax.set_ylim(-0.2, 1.2)
+            ax.set_title(f"{label}, {n} layer{'s' if n > 1 else ''} ({_acc(s)})", fontsize=8)
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.supylabel("restoration at the layer's input (key corrupted)")
+    fig.suptitle("Restoration by layer, width 64 (chosen rate; mean over seeds)")
+    return save_figure(fig, path)

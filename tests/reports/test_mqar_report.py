@@ -1,0 +1,67 @@
+"""MQAR's report: the learning rate chosen on validation, accuracy per setting over seeds, the
+table with near and far labels, Zoology's Figure 2 beside ours, and the figures; from rows made
+by hand (the functions are pure functions of `mecheval report`'s rows)."""
+from hf_mecheval.experiments import read_experiment
+from hf_mecheval.reports.mqar import chosen_runs, mqar_figures, mqar_table, setting_accuracy, zoology_table
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def row(label, width, lr, seed, validation, settings, task="mqar_cpu", **extra):
+    return {"task": task, "label": label, "architecture": label, "hidden_size": width, "learning_rate": lr,
+            "seed": seed, "validation_accuracy": validation, "test_accuracy": sum(settings.values()) / len(settings),
+            "test_by_setting": [{"seq_len": L, "num_pairs": p, "documents": 10, "accuracy": a}
+                                for (L, p), a in settings.items()], **extra}
+
+
+GRID = {(64, 4): 1.0, (128, 4): 0.9, (128, 8): 0.8, (128, 16): 0.5, (256, 8): 0.4}
+NEAR_FAR = {"near": {"mechanism": "induction", "@key": 0.0, "@value": 0.9, "@query": 0.1},
+            "far": {"mechanism": "direct_query", "@key": 0.1, "@value": 0.1, "@query": 0.8}}
+ROWS = [
+    # the transformer at 1e-3 (two seeds, validation 0.7 and 0.9: mean 0.8) beats 3e-4 (0.75)
+    row("transformer", 64, 1e-3, 0, 0.7, {k: v for k, v in GRID.items()}, mechanism="induction", **{
+        "@key": 0.0, "@value": 0.95, "@query": 0.05}, by_distance=NEAR_FAR),
+    row("transformer", 64, 1e-3, 1, 0.9, {k: v / 2 for k, v in GRID.items()}),
+    row("transformer", 64, 3e-4, 0, 0.75, {k: 0.0 for k in GRID}),
+    row("mamba", 64, 1e-2, 0, 0.2, {k: 0.1 for k in GRID}),
+    row("mamba", 128, 1e-2, 0, 0.3, {k: 0.2 for k in GRID}),
+    row("transformer", 64, 1e-3, 0, 0.9, {(64, 4): 0.96}, task="mqar_64_4"),
+    row("hyena", 128, 3e-3, 0, 0.5, {(64, 4): 0.61}, task="mqar_64_4"),
+    row("hyena", 128, 1e-3, 0, 0.6, {(64, 4): 0.66}, task="mqar_64_4"),
+]
+
+
+def test_the_rate_is_chosen_on_validation_and_seeds_are_averaged():
+    chosen = chosen_runs(ROWS)
+    assert [r["learning_rate"] for r in chosen[("mqar_cpu", "transformer", 64)]] == [1e-3, 1e-3]
+    assert chosen[("mqar_64_4", "hyena", 128)][0]["learning_rate"] == 1e-3      # validation 0.6 > 0.5
+    accuracy = setting_accuracy(chosen[("mqar_cpu", "transformer", 64)])
+    assert accuracy == {k: 0.75 * v for k, v in GRID.items()}                 # (v + v / 2) / 2
+
+
+def test_table_lists_settings_and_near_far_labels():
+    table = mqar_table(ROWS)
+    lines = table.splitlines()
+    assert lines[0] == ("| task | model | width | lr | test | 64x4 | 128x4 | 128x8 | 128x16 | 256x8 | mechanism | near "
+                        "| far |")
+    transformer = next(line for line in lines if line.startswith("| mqar_cpu | transformer | 64 |"))
+    assert "| 0.001 | 54.0 | 75.0 | 67.5 | 60.0 | 37.5 | 30.0 |" in transformer
+    assert "induction (0.00 / 0.95 / 0.05)" in transformer and "direct_query (0.10 / 0.10 / 0.80)" in transformer
+    assert transformer.endswith("| induction (0.00 / 0.90 / 0.10) | direct_query (0.10 / 0.10 / 0.80) |")
+    assert "| mqar_cpu | mamba | 128 | 0.01 | 20.0 |" in table
+
+
+def test_zoology_table_stands_beside_figure_2():
+    published = read_experiment("zoology", ["figure2"])["figure2"]
+    table = zoology_table(ROWS, published).splitlines()
+    assert table[2:] == ["| mqar_64_4 | 64 | transformer | 98 | 96.0 | 0.001 |",
+                         "| mqar_64_4 | 128 | hyena | 75 | 66.0 | 0.001 |"]
+    assert zoology_table(ROWS[:5], published) == ""          # no run of Zoology's settings
+
+
+def test_figures_are_drawn(tmp_path):
+    made = mqar_figures(ROWS, tmp_path)
+    assert [p.name for p in made] == ["mqar_pairs.png", "mqar_length.png", "mqar_near_far.png"]
+    for p in made:
+        data = p.read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000
