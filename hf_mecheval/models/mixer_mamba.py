@@ -7,7 +7,7 @@
     y_t    = C_t · h_t + D * x_t;   y = y * silu(z);   out = out_proj(y)
 
 The scan (``ops_selective_scan.py``) runs on a CPU as a compiled C++ loop over time per row
-(``selective_scan_cpu.cpp``, ~4x faster than the PyTorch form) where a C++ compiler is present
+(``selective_scan_cpu.cpp``, ~4-6x faster than the PyTorch form) where a C++ compiler is present
 and ``kernels`` is not ``"torch"``; otherwise as a custom autograd function with hand-written
 forward and backward loops over time, in place on reused buffers (no per-step autograd graph),
 the fastest PyTorch form on a CPU at these lengths. The ``state`` site is computed only when someone listens (a hook,

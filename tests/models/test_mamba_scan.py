@@ -180,6 +180,25 @@ def test_compiled_scan_matches_reference_values_and_gradients():
 
 
 @needs_compiler
+@pytest.mark.parametrize("E", [512, 40])
+def test_compiled_scan_in_float32_at_width_256(E):
+    # Mamba's sizes at width 256 (E = 512 channels, 32 blocks of 16) and a width whose channels
+    # end in a partial block (40 = 2 x 16 + 8): float32 values and gradients against the float64
+    # reference, to float32 rounding (relative to each tensor's scale)
+    x, dt, A, Bm, C = (t.detach() for t in inputs(12, B=2, L=37, E=E, N=16))
+    w = torch.randn(2, 37, E, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    wanted = [t.clone().requires_grad_() for t in (x, dt, A, Bm, C)]
+    (selective_scan_reference(*wanted)[0] * w).sum().backward()
+    got = [t.float().requires_grad_() for t in (x, dt, A, Bm, C)]
+    y32 = cpu_kernels.selective_scan_cpu(*got)
+    (y32 * w.float()).sum().backward()
+    y64 = selective_scan_reference(x, dt, A, Bm, C)[0]
+    assert (y32.double() - y64).abs().max() <= 1e-5 * y64.abs().max()
+    for a, b in zip(got, wanted):
+        assert (a.grad.double() - b.grad).abs().max() <= 1e-5 * b.grad.abs().max()
+
+
+@needs_compiler
 def test_compiled_scan_with_very_large_steps():
     # dt up to 1e4 (a model trained at a high rate): decays far below exp(-80), which the kernel
     # clamps there (its fast path); y still matches the float64 reference in float32
@@ -196,14 +215,16 @@ def test_compiled_scan_with_one_A_per_row_under_vmap_and_split_between_threads()
     x, dt, A, Bm, C = inputs(10, B=5)
     A_rows = (A[None] * torch.linspace(0.5, 2.0, 5, dtype=A.dtype)[:, None, None]).detach().requires_grad_()
     assert torch.autograd.gradcheck(cpu_kernels.selective_scan_cpu, (x, dt, A_rows, Bm, C))
-    # rows split between 3 threads give the 1-thread result exactly (each row is one call's)
+    # rows split between 3 threads (1, 2 and 2 rows) give the 1-thread result exactly, values and
+    # gradients (each row is computed by one thread alone)
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = cpu_kernels.selective_scan_cpu(x, dt, A_rows, Bm, C)
-        torch.set_num_threads(3)
-        assert cpu_kernels._split_rows(5) == [(0, 1), (1, 3), (3, 5)]
-        assert torch.equal(cpu_kernels.selective_scan_cpu(x, dt, A_rows, Bm, C), one)
+        results = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            y = cpu_kernels.selective_scan_cpu(x, dt, A_rows, Bm, C)
+            results.append((y, *torch.autograd.grad(y.sum(), (x, dt, A_rows, Bm, C))))
+        assert all(torch.equal(a, b) for a, b in zip(*results))
     finally:
         torch.set_num_threads(threads)
     K_A = torch.stack([A.detach(), 0.3 * A.detach()]).requires_grad_()
