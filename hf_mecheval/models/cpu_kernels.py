@@ -82,6 +82,21 @@ def available() -> bool:
     return scan_library() is not None
 
 
+# Floating-point operations the kernels execute per state element (batch row, position, state,
+# channel), an exp counted as one: the forward's decay dt*A and its exp, h = dA*h + B*(dt*x) (3)
+# and y += C*h (2); the backward's recomputation of the forward's decays and states (5) and its
+# pass backwards in time: G = dA*G + C*gy (3), the terms of gC, gB and d(dt*x) and their sums (6),
+# q = G*H*dA (2), and q's terms of gdt and gA with their sums (4).
+SCAN_FLOPS_PER_STATE = {"forward": 7, "backward": 20}
+
+
+def scan_flops(rows: int, length: int, state: int, channels: int, backward: bool = True) -> int:
+    """What one call of the compiled scan computes, forward and (by default) backward: the figure a
+    FLOP count must add by hand, since the kernel runs outside torch's dispatcher."""
+    per_state = SCAN_FLOPS_PER_STATE["forward"] + (SCAN_FLOPS_PER_STATE["backward"] if backward else 0)
+    return per_state * rows * length * state * channels
+
+
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 

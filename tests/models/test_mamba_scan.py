@@ -198,6 +198,13 @@ def test_compiled_scan_in_float32_at_width_256(E):
         assert (a.grad.double() - b.grad).abs().max() <= 1e-5 * b.grad.abs().max()
 
 
+def test_the_compiled_scans_flop_count():
+    # what a FLOP count adds by hand for the kernel (benchmarks/bench_models.py): per state element
+    # 7 operations forward and 20 backward, over rows x length x state x channels
+    assert cpu_kernels.scan_flops(2, 3, 4, 5, backward=False) == 7 * 120
+    assert cpu_kernels.scan_flops(32, 37, 16, 512) == 27 * 32 * 37 * 16 * 512
+
+
 @needs_compiler
 def test_compiled_scan_with_very_large_steps():
     # dt up to 1e4 (a model trained at a high rate): decays far below exp(-80), which the kernel
