@@ -39,13 +39,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .convolutions import ShortConv
+from .convolutions import ShortConv, short_conv_on
 from .kernels import gated_delta_rule_kernel, use_kernels
 from .mixers import zero_padding
 from .norms import GatedRMSNorm
 from .ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_readout, gated_delta_rule_recurrent,
                                    gated_delta_rule_transition)
-from .ops_short_conv import short_conv
 from .sites import Site, through_state_site
 from .errors import ConfigError
 from .configuration_mecheval import MechEvalConfig, check_divides_hidden, check_int
@@ -129,9 +128,9 @@ class GatedDeltaNetMixer(nn.Module):
         self.A_log = nn.Parameter(torch.empty(H))
         self.dt_bias = nn.Parameter(torch.empty(H))
         if self.use_short_conv:
-            self.q_conv1d = ShortConv(self.key_dim, config.conv_kernel, bias=False)
-            self.k_conv1d = ShortConv(self.key_dim, config.conv_kernel, bias=False)
-            self.v_conv1d = ShortConv(self.value_dim, config.conv_kernel, bias=False)
+            self.q_conv1d = ShortConv(self.key_dim, config.conv_kernel, bias=False, kernels=config.kernels)
+            self.k_conv1d = ShortConv(self.key_dim, config.conv_kernel, bias=False, kernels=config.kernels)
+            self.v_conv1d = ShortConv(self.value_dim, config.conv_kernel, bias=False, kernels=config.kernels)
             self.conv_output = Site("short-conv outputs of q, k, v after SiLU, "
                                     "(batch, length, 2*heads*head_dim + heads*head_dim*expand_v)")
         self.g_proj = nn.Linear(D, self.value_dim, bias=False)               # output gate
@@ -185,7 +184,7 @@ class GatedDeltaNetMixer(nn.Module):
         if self.use_short_conv:
             # the three convolutions as one over the concatenated channels
             weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
-            qkv = self.conv_output(F.silu(short_conv(projected, weight)))
+            qkv = self.conv_output(F.silu(short_conv_on(self.kernels, x.device)(projected, weight)))
         else:
             qkv = F.silu(projected)
         return (projected, gate, *self._heads(qkv), *self._gates(a, b))

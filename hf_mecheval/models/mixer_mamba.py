@@ -88,7 +88,7 @@ class MambaMixer(nn.Module):
         self.E, self.N, self.R = E, N, R
         self.config = config
         self.in_proj = nn.Linear(D, 2 * E, bias=False)
-        self.conv = ShortConv(E, config.conv_kernel, bias=True) if config.conv_kernel > 0 else None
+        self.conv = ShortConv(E, config.conv_kernel, bias=True, kernels=config.kernels) if config.conv_kernel > 0 else None
         self.x_proj = nn.Linear(E, R + 2 * N, bias=False)
         self.dt_proj = nn.Linear(R, E, bias=False)
         self.dt_bias = nn.Parameter(torch.empty(E))

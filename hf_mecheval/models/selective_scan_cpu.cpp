@@ -21,8 +21,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <vector>
+
+#include "cpu_threads.h"
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
@@ -251,28 +252,10 @@ void backward_rows(const T* x, const T* dt, const T* A, const T* Bm, const T* C,
     }
 }
 
-// fn(r0, r1) over rows [0, rows) in `threads` parts (the calling thread takes the first).
-template <typename F>
-void split_rows(int64_t rows, int64_t threads, F fn) {
-    const int64_t parts = std::max<int64_t>(1, std::min(threads, rows));
-    std::vector<std::thread> others;
-    int64_t mine = rows / parts;                  // rows [0, mine) run in this thread
-    for (int64_t i = parts - 1; i >= 1; --i) {
-        try {
-            others.emplace_back(fn, rows * i / parts, rows * (i + 1) / parts);
-        } catch (...) {                           // no thread to be had: this one takes the rest
-            mine = rows * (i + 1) / parts;
-            break;
-        }
-    }
-    fn(0, mine);
-    for (auto& thread : others) thread.join();
-}
-
 template <typename T>
 void forward(const T* x, const T* dt, const T* A, const T* Bm, const T* C, T* y, int64_t rows, int64_t L,
              int64_t N, int64_t E, int64_t a_per_row, int64_t threads) {
-    split_rows(rows, threads, [=](int64_t r0, int64_t r1) {
+    cpu_threads::split_rows(rows, threads, [=](int64_t r0, int64_t r1) {
         forward_rows(x, dt, A, Bm, C, y, r0, r1, L, N, E, a_per_row);
     });
 }
@@ -280,7 +263,7 @@ void forward(const T* x, const T* dt, const T* A, const T* Bm, const T* C, T* y,
 template <typename T>
 void backward(const T* x, const T* dt, const T* A, const T* Bm, const T* C, const T* gy, T* gx, T* gdt, T* gA,
               T* gB, T* gC, int64_t rows, int64_t L, int64_t N, int64_t E, int64_t a_per_row, int64_t threads) {
-    split_rows(rows, threads, [=](int64_t r0, int64_t r1) {
+    cpu_threads::split_rows(rows, threads, [=](int64_t r0, int64_t r1) {
         backward_rows(x, dt, A, Bm, C, gy, gx, gdt, gA, gB, gC, r0, r1, L, N, E, a_per_row);
     });
 }

@@ -270,30 +270,31 @@ def test_mamba_on_the_compiled_scan_equals_the_pytorch_path():
 def test_a_compiler_that_fails_leaves_the_pytorch_path(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setenv("CXX", "false")                    # a "compiler" that always fails
-    assert cpu_kernels.scan_library.__wrapped__() is None
+    assert cpu_kernels.kernel_library.__wrapped__() is None
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
     # a cache "folder" that is a file (cannot be created): None, not an error
     monkeypatch.delenv("CXX")
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path / "a-file" / "kernels"))
-    assert cpu_kernels.scan_library.__wrapped__() is None
+    assert cpu_kernels.kernel_library.__wrapped__() is None
     # no source (a checkpoint's copy of the code) or no compiler at all: None as well
-    monkeypatch.setattr(cpu_kernels, "SOURCE", tmp_path / "missing.cpp")
-    assert cpu_kernels.scan_library.__wrapped__() is None
+    monkeypatch.setattr(cpu_kernels, "SOURCES", (tmp_path / "missing.cpp", *cpu_kernels.SOURCES[1:]))
+    assert cpu_kernels.kernel_library.__wrapped__() is None
 
 
 @needs_compiler
 def test_the_compiled_library_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path))
-    first = cpu_kernels.scan_library.__wrapped__()
-    built = list(tmp_path.glob("selective_scan_cpu-*.so"))
+    first = cpu_kernels.kernel_library.__wrapped__()
+    built = list(tmp_path.glob("cpu_kernels-*.so"))
     assert first is not None and len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    assert cpu_kernels.scan_library.__wrapped__() is not None      # loads the cached build
+    assert cpu_kernels.kernel_library.__wrapped__() is not None      # loads the cached build
     assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*.so")) == built
     # another source is another build
     changed = tmp_path / "changed.cpp"
-    changed.write_text(cpu_kernels.SOURCE.read_text() + "\n// changed\n")
-    monkeypatch.setattr(cpu_kernels, "SOURCE", changed)
-    assert cpu_kernels.scan_library.__wrapped__() is not None
+    changed.write_text(cpu_kernels.SOURCES[0].read_text() + "\n// changed\n")
+    (tmp_path / "cpu_threads.h").write_text(cpu_kernels.SOURCES[2].read_text())   # included beside it
+    monkeypatch.setattr(cpu_kernels, "SOURCES", (changed, *cpu_kernels.SOURCES[1:]))
+    assert cpu_kernels.kernel_library.__wrapped__() is not None
     assert len(list(tmp_path.glob("*.so"))) == 2
