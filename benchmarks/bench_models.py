@@ -3,8 +3,10 @@ GPT2, Llama and Mamba trained on the same batches and labels in the same run, an
 computes against what the machine's matrix products reach.
 
 Setting: vocabulary 8196, length 37, batch 32, answer-only loss, 2 layers, AdamW step,
-2 threads. Our models run their PyTorch path (``kernels="torch"``); on a CPU with a C++ compiler
-``ours-mamba-compiled`` is our Mamba on its compiled scan (``kernels="auto"``). Prints the
+2 threads. Our models run the path a run takes (``--kernels auto``: on a CPU with a C++ compiler
+the compiled scan and short convolution of ``cpu_kernels``), beside ``ours-mamba-torch``, our
+Mamba on its PyTorch path; ``--kernels torch`` runs every model's PyTorch path, beside
+``ours-mamba-compiled``. Prints the
 median ms per step (forward + backward + AdamW) and the ratios the models issue asks for: our Transformer >= 4x faster than GPT2; our Mamba >= 10x faster than HF
 Mamba's default path and >= 3x faster than HF Mamba + mambapy; every architecture within 3x
 of our Transformer at hidden 64.
@@ -18,7 +20,7 @@ of a plain matrix product of the Transformer's MLP shape ((batch x length, hidde
 prints torch.profiler's table of those models' steps (where the time goes besides the products).
 
     python benchmarks/bench_models.py [--hidden 64 128 256] [--steps 10] [--rounds 3] [--only mamba transformer] [--device cuda]
-    python benchmarks/bench_models.py --hidden 256 --threads 1 --only ours --profile mamba-compiled h3 hyena deltanet
+    python benchmarks/bench_models.py --hidden 256 --threads 1 --only ours --profile mamba h3 hyena deltanet
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from hf_mecheval.models.mixer_mamba import MambaMixer
 from hf_mecheval.tasks import build_task
 
 VOCAB, LENGTH, BATCH = 8196, 37, 32
+MAMBA_PEER = {"auto": "ours-mamba-torch", "torch": "ours-mamba-compiled"}   # Mamba on the other CPU path
 
 
 def ours(arch: str, d: int, kernels: str = "torch"):
@@ -151,17 +154,21 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="subset of model names")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (the issue's setting) or cuda")
+    parser.add_argument("--kernels", choices=["auto", "torch"], default="auto",
+                        help="our models' kernels: auto (as a run trains; compiled CPU kernels where they build) "
+                             "or torch (every model's PyTorch path)")
     parser.add_argument("--profile", nargs="+", default=[], metavar="NAME",
-                        help="print torch.profiler's table of these models' steps (e.g. mamba-compiled h3)")
+                        help="print torch.profiler's table of these models' steps (e.g. mamba h3)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     archs = architecture_names()          # every registered architecture, plug-ins included
     data = [(i.to(args.device), l.to(args.device)) for i, l in batches(args.steps)]
     results: dict[tuple[str, int], float] = {}
     for d in args.hidden:
-        makers = {f"ours-{a}": (lambda a=a: ours(a, d)) for a in archs}
-        if args.device == "cpu" and cpu_kernels.available():  # Mamba's compiled C++ scan (kernels="auto")
-            makers["ours-mamba-compiled"] = lambda: ours("mamba", d, kernels="auto")
+        makers = {f"ours-{a}": (lambda a=a: ours(a, d, kernels=args.kernels)) for a in archs}
+        if args.device == "cpu" and cpu_kernels.available():  # Mamba on the other of its two CPU paths
+            other = "torch" if args.kernels == "auto" else "auto"
+            makers[MAMBA_PEER[args.kernels]] = lambda: ours("mamba", d, kernels=other)
         makers.update(peers(d))
         if args.only:
             makers = {k: v for k, v in makers.items() if any(o in k for o in args.only)}
@@ -198,7 +205,10 @@ def main() -> None:
         ratio("hf-gpt2", "ours-transformer", 4)
         ratio("hf-mamba", "ours-mamba", 10)
         ratio("hf-mamba+mambapy", "ours-mamba", 3)
-        ratio("ours-mamba", "ours-mamba-compiled", 1)
+        if args.kernels == "auto":
+            ratio("ours-mamba-torch", "ours-mamba", 1)
+        else:
+            ratio("ours-mamba", "ours-mamba-compiled", 1)
     if 64 in args.hidden and ("ours-transformer", 64) in results:
         base = results[("ours-transformer", 64)]
         for a in archs:

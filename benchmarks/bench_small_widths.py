@@ -10,7 +10,10 @@ costs), not arithmetic, so three ways of filling the machine are measured side b
 Each layout's processes run at once, the same number of optimizer steps (the AR setting of
 ``bench_models.py``: batch 32, length 37, vocabulary 8196, 2 layers, answer-only loss; models as
 a run builds them, ``kernels="auto"``); runs per hour = runs trained x 3600 / (the slowest
-process's seconds per step x the 50 016 steps of the AR recipe). Layouts alternate round by
+process's seconds per step x the 50 016 steps of the AR recipe). Beside it, runs per CPU-hour
+(the processes' CPU seconds instead of the wall clock): on a machine that other work keeps busy
+the wall-clock figure depends on what else runs, while the CPU figure stays what each layout
+costs (times the cores, it is what an idle machine would reach). Layouts alternate round by
 round; medians over rounds. Threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless set),
 as a sweep's workers do.
 
@@ -29,8 +32,9 @@ import time
 STEPS_PER_RUN = 50_016          # the AR recipe: 100 032 documents / batch 32 x 16 epochs
 
 
-def worker(arch: str, d: int, copies: int, steps: int) -> float:
-    """Seconds per optimizer step of ``copies`` runs (one model, or a stack), in this process."""
+def worker(arch: str, d: int, copies: int, steps: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) per optimizer step of ``copies`` runs (one model, or a stack),
+    in this process."""
     import torch
 
     from bench_models import batches, ours
@@ -58,37 +62,41 @@ def worker(arch: str, d: int, copies: int, steps: int) -> float:
 
     for ids, labels in data[:2]:                                 # warm-up
         step(ids, labels)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(steps):
         step(*data[i % len(data)])
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
-def layout(arch: str, d: int, processes: int, threads: int, copies: int, steps: int) -> float:
-    """Runs per hour of ``processes`` concurrent processes of ``threads`` threads, each training
-    ``copies`` runs."""
+def layout(arch: str, d: int, processes: int, threads: int, copies: int, steps: int) -> tuple[float, float]:
+    """(runs per hour, runs per CPU-hour) of ``processes`` concurrent processes of ``threads``
+    threads, each training ``copies`` runs."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     command = [sys.executable, __file__, "--worker", arch, str(d), str(copies), str(steps)]
     procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.abspath(__file__))) for _ in range(processes)]
-    seconds = []
+    wall, cpu = [], []
     for proc in procs:
         out, err = proc.communicate()
         if proc.returncode != 0:
             raise SystemExit(f"worker failed:\n{err[-2000:]}")
-        seconds.append(json.loads(out.splitlines()[-1])["seconds_per_step"])
-    return processes * copies * 3600 / (max(seconds) * STEPS_PER_RUN)
+        figures = json.loads(out.splitlines()[-1])
+        wall.append(figures["wall_per_step"])
+        cpu.append(figures["cpu_per_step"])
+    runs = processes * copies
+    return runs * 3600 / (max(wall) * STEPS_PER_RUN), runs * 3600 / (sum(cpu) * STEPS_PER_RUN)
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         arch, d, copies, steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-        print(json.dumps({"seconds_per_step": worker(arch, d, copies, steps)}))
+        wall, cpu = worker(arch, d, copies, steps)
+        print(json.dumps({"wall_per_step": wall, "cpu_per_step": cpu}))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--only", nargs="+", default=["transformer", "mamba"])
-    parser.add_argument("--copies", type=int, nargs="+", default=[4, 8], help="stack sizes K")
+    parser.add_argument("--copies", type=int, nargs="+", default=[8], help="stack sizes K")
     parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per process")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
@@ -101,17 +109,19 @@ def main() -> None:
         layouts[f"both K={k}"] = (c, 1, k)
     print(f"runs per hour of the AR recipe ({STEPS_PER_RUN} steps), {c} cores; (processes x threads x runs): "
           + ", ".join(f"{name} {p}x{t}x{k}" for name, (p, t, k) in layouts.items()))
-    print(f"{'model':<12} {'hidden':>6} " + " ".join(f"{name:>12}" for name in layouts) + "   best / per core")
+    print(f"{'model':<12} {'hidden':>6} {'figure':<16}" + " ".join(f"{name:>14}" for name in layouts)
+          + "   best / per core")
     for arch in args.only:
         for d in args.hidden:
             samples = {name: [] for name in layouts}
             for _ in range(args.rounds):
                 for name, (p, t, k) in layouts.items():
                     samples[name].append(layout(arch, d, p, t, k, args.steps))
-            rate = {name: statistics.median(s) for name, s in samples.items()}
-            best = max(rate, key=rate.get)
-            print(f"{arch:<12} {d:>6} " + " ".join(f"{rate[name]:12.2f}" for name in layouts)
-                  + f"   {best}: {rate[best] / rate['per core']:.2f}x", flush=True)
+            for i, figure in enumerate(("runs/hour", "runs/CPU-hour")):
+                rate = {name: statistics.median(s[i] for s in samples[name]) for name in layouts}
+                best = max(rate, key=rate.get)
+                print(f"{arch:<12} {d:>6} {figure:<16}" + " ".join(f"{rate[name]:14.2f}" for name in layouts)
+                      + f"   {best}: {rate[best] / rate['per core']:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -131,15 +131,28 @@ def scan_backward(x, dt, A_ne, Bm, C, gy):
     return gx, gdt, gA, gB, gC
 
 
+# Operations a thread of a kernel call should have at least: a thread costs tens of microseconds to
+# start, which a small call (width 16, a few hundred thousand operations) would not repay on a
+# machine with many cores. Results do not depend on the count (each row is one thread's).
+WORK_PER_THREAD = 1 << 20
+
+
+def _threads_for(work: int) -> int:
+    """Threads for a kernel call of ``work`` operations: torch's, at most one per WORK_PER_THREAD."""
+    return max(1, min(torch.get_num_threads(), work // WORK_PER_THREAD))
+
+
 def _run_rows(kernel: str, tensors: list[torch.Tensor]) -> None:
     """Call ``kernel`` (of x's dtype) with a pointer to each tensor and (rows, L, N, E, A per row,
     threads): the kernels' calling convention. ``tensors`` has x (B, L, E) first and A (N, E) or
     (B, N, E) third; every other tensor has one row per batch row. The kernel splits the rows
-    between as many threads as torch uses (ctypes releases the GIL during the call)."""
+    between as many threads as torch uses (``_threads_for``; ctypes releases the GIL during the call)."""
     x, A_ne = tensors[0], tensors[2]
     rows, L, E = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
-    sizes = (rows, L, A_ne.shape[-2], E, int(A_ne.dim() == 3), torch.get_num_threads())
+    N = A_ne.shape[-2]
+    threads = _threads_for(SCAN_FLOPS_PER_STATE["forward"] * rows * L * N * E)
+    sizes = (rows, L, N, E, int(A_ne.dim() == 3), threads)
     fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
 
 
@@ -232,7 +245,8 @@ def _run_conv(kernel: str, tensors: list[torch.Tensor], per_row: bool) -> None:
     x, w = tensors[0], tensors[1]
     rows, L, C = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
-    sizes = (rows, L, C, w.shape[-2], int(per_row), torch.get_num_threads())
+    K = w.shape[-2]
+    sizes = (rows, L, C, K, int(per_row), _threads_for(2 * rows * L * C * K))
     fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
 
 

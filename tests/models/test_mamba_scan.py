@@ -205,6 +205,18 @@ def test_the_compiled_scans_flop_count():
     assert cpu_kernels.scan_flops(32, 37, 16, 512) == 27 * 32 * 37 * 16 * 512
 
 
+def test_kernel_calls_take_a_thread_per_share_of_work():
+    # torch's threads, but no more than one per WORK_PER_THREAD operations, and at least one
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        unit = cpu_kernels.WORK_PER_THREAD
+        assert [cpu_kernels._threads_for(w) for w in (0, unit - 1, 2 * unit, 3 * unit + 5, 100 * unit)] == \
+            [1, 1, 2, 3, 4]
+    finally:
+        torch.set_num_threads(threads)
+
+
 @needs_compiler
 def test_compiled_scan_with_very_large_steps():
     # dt up to 1e4 (a model trained at a high rate): decays far below exp(-80), which the kernel
@@ -218,7 +230,8 @@ def test_compiled_scan_with_very_large_steps():
 
 
 @needs_compiler
-def test_compiled_scan_with_one_A_per_row_under_vmap_and_split_between_threads():
+def test_compiled_scan_with_one_A_per_row_under_vmap_and_split_between_threads(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "WORK_PER_THREAD", 1)    # split even these small calls
     x, dt, A, Bm, C = inputs(10, B=5)
     A_rows = (A[None] * torch.linspace(0.5, 2.0, 5, dtype=A.dtype)[:, None, None]).detach().requires_grad_()
     assert torch.autograd.gradcheck(cpu_kernels.selective_scan_cpu, (x, dt, A_rows, Bm, C))

@@ -69,7 +69,8 @@ def test_compiled_form_equals_reference(K, L, bias):
 
 
 @needs_compiler
-def test_compiled_form_gradcheck_vmap_and_threads():
+def test_compiled_form_gradcheck_vmap_and_threads(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "WORK_PER_THREAD", 1)    # split even these small calls
     x = torch.randn(3, 6, 5, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(5, 1, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(cpu_kernels.CpuShortConv.apply, (x, weight))
