@@ -50,8 +50,9 @@ def cpu_scan(mixer: str, mode: str, device: torch.device):
     run it under ``mode``, else None.
 
     ``"auto"`` takes it wherever it builds, whatever the width and threads: a training step on it
-    measured 1.8-2.3x as fast as on the PyTorch scan at every width from 16 to 256, at 1 and 2
-    threads (``benchmarks/bench_kernel_choice.py``, which prints the two side by side)."""
+    was faster than on the PyTorch scan at every width from 16 to 256, at 1 and 2 threads, in each
+    of two runs on a machine busy with two other trainings (1.0-2.6x; median 2.0x;
+    ``benchmarks/bench_kernel_choice.py``, which prints the two side by side)."""
     return cpu_kernel("selective_scan_cpu", f"{mixer}'s scan", mode, device)
 
 

@@ -11,7 +11,8 @@ The layer follows flash-linear-attention's DeltaNet with its default settings: b
 v projections, each through a causal depthwise short convolution + SiLU, beta = sigmoid of a
 per-head projection, L2-normalised q and k, per-head RMSNorm on the output, bias-free output
 projection. The four input projections run as one matmul and the three convolutions as one
-(``ops_short_conv.short_conv``) over concatenated parameters, which keep flash-linear-attention's
+(``convolutions.short_conv_on``: the compiled CPU kernel or ``ops_short_conv.short_conv``) over
+concatenated parameters, which keep flash-linear-attention's
 names and shapes: at these sizes fewer, larger calls are faster (tested against the module-by-
 module form in ``test_deltanet.py``).
 

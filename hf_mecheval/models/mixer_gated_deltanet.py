@@ -23,7 +23,8 @@ unscaled (as in ``mixer_deltanet.py``): the per-head RMSNorm that follows remove
 (up to its eps).
 
 The six input projections run as one matmul and the three short convolutions as one
-(``ops_short_conv.py``, hand-written backward) over concatenated parameters: the parameters keep
+(``convolutions.short_conv_on``: the compiled CPU kernel, or ``ops_short_conv.py`` with its
+hand-written backward) over concatenated parameters: the parameters keep
 flash-linear-attention's names and shapes, and at these sizes fewer, larger calls are faster.
 
 Paths: the chunked WY/UT form (``gated_delta_rule_chunked``) for training; when the ``state`` site
