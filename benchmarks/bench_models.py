@@ -1,15 +1,27 @@
 """Training-step time of every architecture at the AR setting, side by side with transformers'
-GPT2, Llama and Mamba trained on the same batches and labels in the same run.
+GPT2, Llama and Mamba trained on the same batches and labels in the same run, and what each step
+computes against what the machine's matrix products reach.
 
 Setting: vocabulary 8196, length 37, batch 32, answer-only loss, 2 layers, AdamW step,
-2 threads. Our models run their PyTorch path (``kernels="torch"``); on a CPU with a C++ compiler
-``ours-mamba-compiled`` is our Mamba on its compiled scan (``kernels="auto"``). Prints the
+2 threads. Our models run the path a run takes (``--kernels auto``: on a CPU with a C++ compiler
+the compiled scan and short convolution of ``cpu_kernels``), beside ``ours-mamba-torch``, our
+Mamba on its PyTorch path; ``--kernels torch`` runs every model's PyTorch path, beside
+``ours-mamba-compiled``. Prints the
 median ms per step (forward + backward + AdamW) and the ratios the models issue asks for: our Transformer >= 4x faster than GPT2; our Mamba >= 10x faster than HF
 Mamba's default path and >= 3x faster than HF Mamba + mambapy; every architecture within 3x
 of our Transformer at hidden 64. ``ours-transformer-eager`` and ``-sdpa``: our Transformer under
 each ``attn_implementation`` (the default, ``ours-transformer``, is "sdpa").
 
-    python benchmarks/bench_models.py [--hidden 64 256] [--steps 10] [--rounds 3] [--only mamba transformer] [--device cuda]
+Beside each time: the floating-point operations of one training step (``FlopCounterMode``:
+matrix products, convolutions, attention; plus, by hand, the compiled scan, which runs outside
+torch's dispatcher: ``cpu_kernels.scan_flops``), the GFLOP/s the step achieves, and the GFLOP/s
+of a plain matrix product of the Transformer's MLP shape ((batch x length, hidden) @ (hidden,
+4 hidden)) timed in the same rounds at the same thread count: the machine's own rate. At hidden
+256 every architecture's GFLOP/s should be >= 70 % of our Transformer's. ``--profile NAME ...``
+prints torch.profiler's table of those models' steps (where the time goes besides the products).
+
+    python benchmarks/bench_models.py [--hidden 64 128 256] [--steps 10] [--rounds 3] [--only mamba transformer] [--device cuda]
+    python benchmarks/bench_models.py --hidden 256 --threads 1 --only ours --profile mamba h3 hyena deltanet
 """
 from __future__ import annotations
 
@@ -19,11 +31,15 @@ import statistics
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from hf_mecheval.models import architecture_names, build_model, cpu_kernels
+from hf_mecheval.models.kernels import cpu_scan
+from hf_mecheval.models.mixer_mamba import MambaMixer
 from hf_mecheval.tasks import build_task
 
 VOCAB, LENGTH, BATCH = 8196, 37, 32
+MAMBA_PEER = {"auto": "ours-mamba-torch", "torch": "ours-mamba-compiled"}   # Mamba on the other CPU path
 
 
 def ours(arch: str, d: int, kernels: str = "torch", attention: str | None = None):
@@ -79,36 +95,101 @@ def time_steps(model, optimizer, data) -> list[float]:
     return times
 
 
+def step_flops(model, optimizer, batch) -> tuple[int, int]:
+    """(counted, by hand): the floating-point operations of one training step on ``batch`` as
+    ``FlopCounterMode`` counts them, and those it cannot see, written out by hand (the compiled
+    scans' arithmetic). The step is taken (one more AdamW update)."""
+    ids, labels = batch
+    with FlopCounterMode(display=False) as counter:
+        time_steps(model, optimizer, [batch])
+    by_hand = 0
+    for module in model.modules():
+        if isinstance(module, MambaMixer) and cpu_scan("mamba", module.config.kernels, ids.device) is not None:
+            by_hand += cpu_kernels.scan_flops(*ids.shape, module.N, module.E)   # every position, both layers
+    return counter.get_total_flops(), by_hand
+
+
+def matmul_samples(d: int, device: str, repeats: int = 5) -> list[float]:
+    """GFLOP/s of (batch x length, d) @ (d, 4 d), the Transformer MLP's first product, ``repeats``
+    times: the machine's own matmul rate at this width and thread count."""
+    a = torch.randn(BATCH * LENGTH, d, device=device)
+    b = torch.randn(d, 4 * d, device=device)
+    out = torch.empty(BATCH * LENGTH, 4 * d, device=device)
+    rates = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        rates.append(2 * a.shape[0] * d * 4 * d / (time.perf_counter() - t0) / 1e9)
+    return rates[1:]                                          # the first is a warm-up
+
+
+def print_arithmetic(d: int, ms: dict[str, float], flops: dict[str, tuple[int, int]], matmul: float) -> None:
+    """The FLOP table of one width: per model GFLOP per step (counted + by hand), the GFLOP/s its
+    median step achieves, as a share of the machine's matmul rate and of our Transformer's."""
+    rate = {name: sum(flops[name]) / ms[name] / 1e6 for name in ms}         # GFLOP/s
+    base = rate.get("ours-transformer")
+    print(f"  {'':<20} {'GFLOP/step':>10} {'by hand':>8} {'GFLOP/s':>8} {'of matmul':>9} {'of Transformer':>14}")
+    for name in ms:
+        counted, by_hand = flops[name]
+        share = f"{rate[name] / base:13.0%}" if base else ""
+        flag = " (< 70 %)" if base and d == 256 and name.startswith("ours-") and rate[name] < 0.7 * base else ""
+        print(f"  {name:<20} {counted / 1e9:10.3f} {by_hand / 1e9:8.3f} {rate[name]:8.1f} "
+              f"{rate[name] / matmul:9.0%} {share}{flag}")
+    print(f"  {'matmul':<20} ({BATCH * LENGTH}x{d} @ {d}x{4 * d}) {matmul:8.1f} GFLOP/s (median over the rounds)")
+
+
+def print_profile(name: str, model, optimizer, data, rows: int = 18) -> None:
+    """torch.profiler's table of ``model``'s training steps on ``data``: operators by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        time_steps(model, optimizer, data)
+    print(f"\nprofile of {name}, {len(data)} steps (self CPU time per operator):")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=40))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; models take turns within a round")
     parser.add_argument("--only", nargs="+", help="subset of model names")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (the issue's setting) or cuda")
+    parser.add_argument("--kernels", choices=["auto", "torch"], default="auto",
+                        help="our models' kernels: auto (as a run trains; compiled CPU kernels where they build) "
+                             "or torch (every model's PyTorch path)")
+    parser.add_argument("--profile", nargs="+", default=[], metavar="NAME",
+                        help="print torch.profiler's table of these models' steps (e.g. mamba h3)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     archs = architecture_names()          # every registered architecture, plug-ins included
     data = [(i.to(args.device), l.to(args.device)) for i, l in batches(args.steps)]
     results: dict[tuple[str, int], float] = {}
     for d in args.hidden:
-        makers = {f"ours-{a}": (lambda a=a: ours(a, d)) for a in archs}
-        makers.update({f"ours-transformer-{i}": (lambda i=i: ours("transformer", d, attention=i)) for i in ("eager", "sdpa")})
-        if args.device == "cpu" and cpu_kernels.available():  # Mamba's compiled C++ scan (kernels="auto")
-            makers["ours-mamba-compiled"] = lambda: ours("mamba", d, kernels="auto")
+        makers = {f"ours-{a}": (lambda a=a: ours(a, d, kernels=args.kernels)) for a in archs}
+        makers.update({f"ours-transformer-{i}": (lambda i=i: ours("transformer", d, kernels=args.kernels, attention=i))
+                       for i in ("eager", "sdpa")})
+        if args.device == "cpu" and cpu_kernels.available():  # Mamba on the other of its two CPU paths
+            other = "torch" if args.kernels == "auto" else "auto"
+            makers[MAMBA_PEER[args.kernels]] = lambda: ours("mamba", d, kernels=other)
         makers.update(peers(d))
         if args.only:
             makers = {k: v for k, v in makers.items() if any(o in k for o in args.only)}
-        models = {}
+        models, flops = {}, {}
         for name, make in makers.items():
             torch.manual_seed(0)
             m = make().to(args.device).train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0, fused=True)   # as Trainer (adamw_torch_fused)
             time_steps(m, opt, data[:2])                      # warm-up
+            flops[name] = step_flops(m, opt, data[0])
             models[name] = (m, opt)
         samples = {name: [] for name in models}
+        matmul = []
         for _ in range(args.rounds):                          # interleave: shared noise
+            matmul += matmul_samples(d, args.device)
             for name, (m, opt) in models.items():
                 samples[name] += time_steps(m, opt, data)
         print(f"\nhidden {d}: median ms per training step (batch {BATCH}, length {LENGTH}, vocabulary {VOCAB}, "
@@ -116,6 +197,10 @@ def main() -> None:
         for name, s in samples.items():
             results[(name, d)] = statistics.median(s)
             print(f"  {name:<20} {results[(name, d)]:8.1f}   (min {min(s):.1f}, max {max(s):.1f})")
+        print_arithmetic(d, {name: results[(name, d)] for name in samples}, flops, statistics.median(matmul))
+        for name in args.profile:
+            for full in (n for n in models if n == name or n == f"ours-{name}"):
+                print_profile(f"{full} at hidden {d}", *models[full], data)
 
     print("\nratios (higher = ours faster):")
     for d in args.hidden:
@@ -126,7 +211,10 @@ def main() -> None:
         ratio("hf-gpt2", "ours-transformer", 4)
         ratio("hf-mamba", "ours-mamba", 10)
         ratio("hf-mamba+mambapy", "ours-mamba", 3)
-        ratio("ours-mamba", "ours-mamba-compiled", 1)
+        if args.kernels == "auto":
+            ratio("ours-mamba-torch", "ours-mamba", 1)
+        else:
+            ratio("ours-mamba", "ours-mamba-compiled", 1)
         if ("ours-transformer-eager", d) in results and ("ours-transformer-sdpa", d) in results:   # no target
             print(f"  hidden {d}: ours-transformer-eager / -sdpa = "
                   f"{results[('ours-transformer-eager', d)] / results[('ours-transformer-sdpa', d)]:.2f}x")

@@ -291,7 +291,8 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
                              "(mamba_*, *_lr3e-04_s0; --dry-run lists the names); the others are left as they are")
     parser.add_argument("--stack", type=_stack_size, default="auto",
                         help="train up to N runs that differ only in learning rate and seed together as one "
-                             "stacked run; auto (default): as many as fit on a GPU, none on a CPU")
+                             "stacked run; auto (default): as many as fit on a GPU; on a CPU up to 8 at widths "
+                             "up to 32, none wider")
     parser.add_argument("--out", default=default_out, help=f"parent folder of the sweep directory (default {default_out})")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
 

@@ -18,8 +18,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .kernels import cpu_short_conv
 from .ops_long_conv import causal_conv
 from .ops_short_conv import short_conv
+
+
+def short_conv_on(kernels: str, device: torch.device):
+    """The short convolution ``(x, weight, bias=None) -> y`` a mixer runs under its ``kernels``
+    mode: the compiled CPU kernel (``kernels.cpu_short_conv``) where it runs, else
+    ``ops_short_conv.short_conv``; both compute the same, tested against each other."""
+    return cpu_short_conv(kernels, device) or short_conv
 
 
 class ShortConv(nn.Module):
@@ -30,13 +38,14 @@ class ShortConv(nn.Module):
     The forward is ``ops_short_conv.short_conv``: K shifted multiply-adds in the (batch, length,
     channels) layout (no transposes, as ``conv1d`` needs) with a hand-written backward that
     accumulates the taps in place (``short_conv_reference`` there is the readable form, tested
-    against it). The parameter is stored as ``weight`` of shape (channels, 1, K), like
+    against it); on a CPU, unless ``kernels`` is "torch", the compiled kernel that computes the
+    same (``short_conv_on``). The parameter is stored as ``weight`` of shape (channels, 1, K), like
     ``nn.Conv1d(groups=channels)``, so it is interchangeable with the kernel packages.
     """
 
-    def __init__(self, channels: int, kernel_size: int, bias: bool = True):
+    def __init__(self, channels: int, kernel_size: int, bias: bool = True, kernels: str = "torch"):
         super().__init__()
-        self.channels, self.kernel_size = channels, kernel_size
+        self.channels, self.kernel_size, self.kernels = channels, kernel_size, kernels
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
         # drawn here for a ShortConv on its own, and again by a model's _init_weights, which must
@@ -53,7 +62,7 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (B, L, C) -> (B, L, C)
-        return short_conv(x, self.weight, self.bias)
+        return short_conv_on(self.kernels, x.device)(x, self.weight, self.bias)
 
     def step(self, x_t: torch.Tensor, window: torch.Tensor | None):
         """x_t: (B, C); window: (B, K-1, C) previous inputs (None = zeros). Returns (y_t, window)."""

@@ -1,9 +1,16 @@
-"""Mamba's selective scan as a fused CPU kernel in plain C++ (``selective_scan_cpu.cpp``),
-compiled on first use with the system's C++ compiler and called through ctypes: no torch headers,
-no build step at install, a compile of about two seconds. ``selective_scan_cpu`` computes what
-``ops_selective_scan.selective_scan`` computes, ~4x faster forward and backward at Mamba's sizes
-(``benchmarks/bench_scan.py``). Where no compiler is found the mixer keeps its PyTorch path; a
-checkpoint's copy of the modeling code never imports this module (``kernels.cpu_scan``).
+"""Fused CPU kernels in plain C++, compiled on first use with the system's C++ compiler into one
+library and called through ctypes: no torch headers, no build step at install, a compile of a few
+seconds.
+
+* ``selective_scan_cpu`` (``selective_scan_cpu.cpp``): Mamba's selective scan, what
+  ``ops_selective_scan.selective_scan`` computes, ~4-6x faster forward and backward at Mamba's
+  sizes (``benchmarks/bench_scan.py``);
+* ``short_conv_cpu`` (``short_conv_cpu.cpp``): the depthwise causal short convolution of
+  ``ops_short_conv.short_conv`` (Mamba, Mamba-2, Hyena, BaseConv, DeltaNet, Gated DeltaNet), in
+  one pass forward and one backward instead of 2K - 1 whole-tensor passes each.
+
+Where no compiler is found the mixers keep their PyTorch paths; a checkpoint's copy of the
+modeling code never imports this module (``kernels.cpu_kernel``).
 
 The library is cached per source, flags and CPU (``-march=native``) under
 ``$HF_MECHEVAL_KERNEL_CACHE`` or ``~/.cache/hf-mecheval/kernels``, written atomically, so that
@@ -19,7 +26,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -30,8 +36,9 @@ from .ops_selective_scan import _row_decays, _state_major, in_scan_precision
 
 logger = logging.get_logger(__name__)
 
-SOURCE = Path(__file__).with_name("selective_scan_cpu.cpp")
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", "-std=c++17"]
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("selective_scan_cpu.cpp", "short_conv_cpu.cpp",
+                                                            "cpu_threads.h"))
+FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC", "-std=c++17", "-pthread"]
 
 
 def _cache_dir() -> Path:
@@ -49,38 +56,55 @@ def _cpu_signature() -> str:
 
 
 @functools.cache
-def scan_library() -> ctypes.CDLL | None:
-    """The compiled selective scan, or None (logged once) where it cannot be built."""
+def kernel_library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None (logged once) where they cannot be built."""
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not SOURCE.exists() or compiler is None:
-        logger.info("hf-mecheval: no C++ compiler or kernel source; Mamba's scan runs on the PyTorch path")
+    if not all(p.exists() for p in SOURCES) or compiler is None:
+        logger.info("hf-mecheval: no C++ compiler or kernel source; the mixers run on their PyTorch paths")
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode() + _cpu_signature().encode()).hexdigest()[:16]
-    library = _cache_dir() / f"selective_scan_cpu-{key}.so"
+    sources = b"".join(p.read_bytes() for p in SOURCES)
+    key = hashlib.sha256(sources + " ".join([compiler, *FLAGS]).encode() + _cpu_signature().encode()).hexdigest()[:16]
+    library = _cache_dir() / f"cpu_kernels-{key}.so"
     try:
         if not library.exists():
             library.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
                 built = Path(tmp) / library.name
-                result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
-                                        text=True)
+                units = [str(p) for p in SOURCES if p.suffix == ".cpp"]
+                result = subprocess.run([compiler, *FLAGS, *units, "-o", str(built)], capture_output=True, text=True)
                 if result.returncode != 0:
-                    logger.warning(f"hf-mecheval: compiling {SOURCE.name} failed; Mamba's scan runs on the "
-                                   f"PyTorch path:\n{result.stderr[-2000:]}")
+                    logger.warning(f"hf-mecheval: compiling the CPU kernels failed; the mixers run on their "
+                                   f"PyTorch paths:\n{result.stderr[-2000:]}")
                     return None
                 os.replace(built, library)     # atomic: a concurrent build replaces it with the same bytes
         lib = ctypes.CDLL(str(library))
     except OSError as exc:                     # a cache folder that cannot be written, a library that cannot load
-        logger.warning(f"hf-mecheval: the compiled scan is unavailable ({exc}); Mamba's scan runs on the PyTorch path")
+        logger.warning(f"hf-mecheval: the compiled CPU kernels are unavailable ({exc}); the mixers run on their "
+                       f"PyTorch paths")
         return None
-    for name in ("scan_forward_f32", "scan_forward_f64", "scan_backward_f32", "scan_backward_f64"):
-        getattr(lib, name).restype = None
+    for kernel in ("scan_forward", "scan_backward", "short_conv_forward", "short_conv_backward"):
+        for suffix in ("f32", "f64"):
+            getattr(lib, f"{kernel}_{suffix}").restype = None
     return lib
 
 
 def available() -> bool:
-    return scan_library() is not None
+    return kernel_library() is not None
+
+
+# Floating-point operations the kernels execute per state element (batch row, position, state,
+# channel), an exp counted as one: the forward's decay dt*A and its exp, h = dA*h + B*(dt*x) (3)
+# and y += C*h (2); the backward's recomputation of the forward's decays and states (5) and its
+# pass backwards in time: G = dA*G + C*gy (3), the terms of gC, gB and d(dt*x) and their sums (6),
+# q = G*H*dA (2), and q's terms of gdt and gA with their sums (4).
+SCAN_FLOPS_PER_STATE = {"forward": 7, "backward": 20}
+
+
+def scan_flops(rows: int, length: int, state: int, channels: int, backward: bool = True) -> int:
+    """What one call of the compiled scan computes, forward and (by default) backward: the figure a
+    FLOP count must add by hand, since the kernel runs outside torch's dispatcher."""
+    per_state = SCAN_FLOPS_PER_STATE["forward"] + (SCAN_FLOPS_PER_STATE["backward"] if backward else 0)
+    return per_state * rows * length * state * channels
 
 
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -88,22 +112,6 @@ _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
-
-
-def _split_rows(rows: int) -> list[tuple[int, int]]:
-    """Row ranges, one per thread torch may use (ctypes releases the GIL during each call)."""
-    parts = max(1, min(torch.get_num_threads(), rows))
-    bounds = [rows * i // parts for i in range(parts + 1)]
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
-def _run(calls: list) -> None:
-    if len(calls) == 1:
-        calls[0]()
-        return
-    with ThreadPoolExecutor(len(calls)) as pool:
-        for future in [pool.submit(c) for c in calls]:
-            future.result()
 
 
 def scan_forward(x, dt, A_ne, Bm, C) -> torch.Tensor:
@@ -123,20 +131,29 @@ def scan_backward(x, dt, A_ne, Bm, C, gy):
     return gx, gdt, gA, gB, gC
 
 
+# Operations a thread of a kernel call should have at least: a thread costs tens of microseconds to
+# start, which a small call (width 16, a few hundred thousand operations) would not repay on a
+# machine with many cores. Results do not depend on the count (each row is one thread's).
+WORK_PER_THREAD = 1 << 20
+
+
+def _threads_for(work: int) -> int:
+    """Threads for a kernel call of ``work`` operations: torch's, at most one per WORK_PER_THREAD."""
+    return max(1, min(torch.get_num_threads(), work // WORK_PER_THREAD))
+
+
 def _run_rows(kernel: str, tensors: list[torch.Tensor]) -> None:
-    """Call ``kernel`` (of x's dtype) once per thread's rows, with a pointer to each tensor's first
-    row there and (rows, L, N, E, A per row): the kernels' calling convention. ``tensors`` has
-    x (B, L, E) first and A (N, E) or (B, N, E) third; every other tensor has one row per batch row."""
+    """Call ``kernel`` (of x's dtype) with a pointer to each tensor and (rows, L, N, E, A per row,
+    threads): the kernels' calling convention. ``tensors`` has x (B, L, E) first and A (N, E) or
+    (B, N, E) third; every other tensor has one row per batch row. The kernel splits the rows
+    between as many threads as torch uses (``_threads_for``; ctypes releases the GIL during the call)."""
     x, A_ne = tensors[0], tensors[2]
     rows, L, E = x.shape
-    per_row = A_ne.dim() == 3
-    fn = getattr(scan_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
-
-    def call(a: int, b: int):
-        pointers = [_ptr(A_ne if t is A_ne and not per_row else t[a]) for t in tensors]
-        sizes = (ctypes.c_int64(v) for v in (b - a, L, A_ne.shape[-2], E, int(per_row)))
-        return lambda: fn(*pointers, *sizes)
-    _run([call(a, b) for a, b in _split_rows(rows)])
+    fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
+    N = A_ne.shape[-2]
+    threads = _threads_for(SCAN_FLOPS_PER_STATE["forward"] * rows * L * N * E)
+    sizes = (rows, L, N, E, int(A_ne.dim() == 3), threads)
+    fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
 
 
 class CpuSelectiveScan(torch.autograd.Function):
@@ -179,3 +196,65 @@ def selective_scan_cpu(x, dt, A, B, C) -> torch.Tensor:
     if len({t.dtype for t in inputs}) > 1:          # the kernels take one dtype
         inputs = tuple(t.float() for t in inputs)
     return CpuSelectiveScan.apply(*inputs).to(dtype)
+
+
+# --------------------------------------------------------------------------- the short convolution
+class CpuShortConv(torch.autograd.Function):
+    """y = ops_short_conv.short_conv_reference(x, weight) (no bias) by the compiled kernel. x
+    (B, L, C); weight (C, 1, K), or (B, C, 1, K) one per row (the vmap rule folds stacked copies
+    into rows). Float32 or float64, on the CPU; use ``short_conv_cpu``."""
+
+    @staticmethod
+    def forward(x, weight):
+        y = torch.empty_like(x)
+        _run_conv("short_conv_forward", [x, _taps_major(weight), y], weight.dim() == 4)
+        return y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        gx = torch.empty_like(x)
+        gw = x.new_empty(x.shape[0], weight.shape[-1], x.shape[-1])                # (B, K, C): one share per row
+        _run_conv("short_conv_backward", [x, _taps_major(weight), g.contiguous(), gx, gw], weight.dim() == 4)
+        gw = gw.transpose(1, 2)[:, :, None, :] if weight.dim() == 4 else gw.sum(0).T[:, None, :]
+        return gx, gw
+
+    @staticmethod
+    def vmap(info, in_dims, x, weight):
+        K = info.batch_size
+        (x,) = fold_copies(K, (x,), (in_dims[0],))
+        b = x.shape[0] // K                                                     # rows per copy
+        w = weight.movedim(in_dims[1], 0) if in_dims[1] is not None else weight.expand(K, *weight.shape)
+        y = CpuShortConv.apply(x, w.repeat_interleave(b, dim=0))
+        return y.view(K, b, *y.shape[1:]), 0
+
+
+def _taps_major(weight: torch.Tensor) -> torch.Tensor:
+    """weight (C, 1, K) -> (K, C); per row (B, C, 1, K) -> (B, K, C): the kernel's layout, taps
+    outermost, channels contiguous."""
+    return weight[..., 0, :].transpose(-1, -2).contiguous()
+
+
+def _run_conv(kernel: str, tensors: list[torch.Tensor], per_row: bool) -> None:
+    """Call ``kernel`` with a pointer to each tensor and (rows, L, C, K, weight per row, threads).
+    ``tensors``: x (B, L, C) first, the weight (K, C) or (B, K, C) second."""
+    x, w = tensors[0], tensors[1]
+    rows, L, C = x.shape
+    fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
+    K = w.shape[-2]
+    sizes = (rows, L, C, K, int(per_row), _threads_for(2 * rows * L * C * K))
+    fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+
+
+def short_conv_cpu(x, weight, bias=None) -> torch.Tensor:
+    """``ops_short_conv.short_conv(x, weight, bias)`` by the compiled kernel (where ``available()``).
+    Inputs in a lower precision are convolved in float32; y comes back in the dtype the PyTorch
+    form gives (x's and the weight's, promoted)."""
+    dtype = torch.promote_types(x.dtype, weight.dtype)                    # as the PyTorch form's x * w
+    compute = torch.promote_types(dtype, torch.float32)
+    y = CpuShortConv.apply(x.to(compute).contiguous(), weight.to(compute)).to(dtype)
+    return y if bias is None else y + bias

@@ -47,9 +47,26 @@ def _log_choice(mixer: str, chosen: bool) -> None:
 
 def cpu_scan(mixer: str, mode: str, device: torch.device):
     """The compiled CPU selective scan (``cpu_kernels.selective_scan_cpu``) where ``mixer`` should
-    run it under ``mode``, else None. Imported by name: transformers copies every ``from .x import``
-    of the modeling code into a checkpoint, and that copy cannot carry the C++ source, so it has
-    no ``cpu_kernels`` and keeps the PyTorch path."""
+    run it under ``mode``, else None.
+
+    ``"auto"`` takes it wherever it builds, whatever the width and threads: a training step on it
+    was faster than on the PyTorch scan at every width from 16 to 256, at 1 and 2 threads, in each
+    of two runs on a machine busy with two other trainings (1.0-2.6x; median 2.0x;
+    ``benchmarks/bench_kernel_choice.py``, which prints the two side by side)."""
+    return cpu_kernel("selective_scan_cpu", f"{mixer}'s scan", mode, device)
+
+
+def cpu_short_conv(mode: str, device: torch.device):
+    """The compiled CPU short convolution (``cpu_kernels.short_conv_cpu``) where it should run under
+    ``mode``, else None (``ops_short_conv.short_conv`` then: the same arguments and result)."""
+    return cpu_kernel("short_conv_cpu", "the short convolution", mode, device)
+
+
+def cpu_kernel(name: str, what: str, mode: str, device: torch.device):
+    """``cpu_kernels.<name>`` where a compiled CPU kernel should run under ``mode`` (any but
+    "torch", on a CPU, where the kernels build), else None. Imported by name: transformers copies
+    every ``from .x import`` of the modeling code into a checkpoint, and that copy cannot carry
+    the C++ source, so it has no ``cpu_kernels`` and keeps the PyTorch path."""
     if mode == "torch" or device.type != "cpu":
         return None
     try:
@@ -57,13 +74,13 @@ def cpu_scan(mixer: str, mode: str, device: torch.device):
     except ImportError:
         module = None
     chosen = module is not None and module.available()
-    _log_cpu_choice(mixer, chosen)
-    return module.selective_scan_cpu if chosen else None
+    _log_cpu_choice(what, chosen)
+    return getattr(module, name) if chosen else None
 
 
 @functools.cache
-def _log_cpu_choice(mixer: str, chosen: bool) -> None:
-    logger.info(f"hf-mecheval: {mixer} on a CPU runs {'the compiled C++ scan' if chosen else 'the PyTorch scan'}")
+def _log_cpu_choice(what: str, chosen: bool) -> None:
+    logger.info(f"hf-mecheval: {what} on a CPU runs {'compiled C++' if chosen else 'in PyTorch'}")
 
 
 # The imports below sit in try blocks: besides failing clearly, that tells transformers' remote-code

@@ -92,7 +92,7 @@ class BaseConv(nn.Module):
         elif kernel == "long":
             self.conv = ImplicitLongConv(D, config.max_filter_length, hidden=config.long_filter_order)
         else:
-            self.conv = ShortConv(D, kernel, bias=True)
+            self.conv = ShortConv(D, kernel, bias=True, kernels=config.kernels)
         self.conv_output = Site("convolution output, (batch, length, hidden)")
 
     def _conv(self, u: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,8 @@ The layer follows flash-linear-attention's DeltaNet with its default settings: b
 v projections, each through a causal depthwise short convolution + SiLU, beta = sigmoid of a
 per-head projection, L2-normalised q and k, per-head RMSNorm on the output, bias-free output
 projection. The four input projections run as one matmul and the three convolutions as one
-(``ops_short_conv.short_conv``) over concatenated parameters, which keep flash-linear-attention's
+(``convolutions.short_conv_on``: the compiled CPU kernel or ``ops_short_conv.short_conv``) over
+concatenated parameters, which keep flash-linear-attention's
 names and shapes: at these sizes fewer, larger calls are faster (tested against the module-by-
 module form in ``test_deltanet.py``).
 
@@ -33,10 +34,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from .kernels import delta_rule_kernel, use_kernels
-from .convolutions import ShortConv
+from .convolutions import ShortConv, short_conv_on
 from .mixers import zero_padding
 from .ops_delta_rule import delta_rule_chunked, delta_rule_recurrent, delta_rule_step, delta_rule_transition
-from .ops_short_conv import short_conv
 from .recurrent_cache import QKVWindowsAndRecurrentState
 from .sites import Site, through_state_site
 from .errors import ConfigError
@@ -100,9 +100,9 @@ class DeltaNetMixer(QKVWindowsAndRecurrentState, nn.Module):
         self.v_proj = nn.Linear(D, D, bias=False)
         self.b_proj = nn.Linear(D, H, bias=False)                        # one write strength per head
         if self.use_short_conv:
-            self.q_conv1d = ShortConv(D, config.conv_kernel, bias=False)
-            self.k_conv1d = ShortConv(D, config.conv_kernel, bias=False)
-            self.v_conv1d = ShortConv(D, config.conv_kernel, bias=False)
+            self.q_conv1d = ShortConv(D, config.conv_kernel, bias=False, kernels=config.kernels)
+            self.k_conv1d = ShortConv(D, config.conv_kernel, bias=False, kernels=config.kernels)
+            self.v_conv1d = ShortConv(D, config.conv_kernel, bias=False, kernels=config.kernels)
             self.conv_output = Site("short-conv outputs of q, k, v after SiLU, (batch, length, 3*hidden)")
         self.o_norm = nn.RMSNorm(self.head_dim, eps=config.layer_norm_eps)  # per head, weight shared
         self.o_proj = nn.Linear(D, D, bias=False)
@@ -139,7 +139,8 @@ class DeltaNetMixer(QKVWindowsAndRecurrentState, nn.Module):
         if self.use_short_conv:
             # the three convolutions as one over the concatenated channels (q, k, v)
             weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
-            qk, v = self.conv_output(F.silu(short_conv(qkv, weight))).split([2 * D, D], dim=-1)
+            conv = short_conv_on(self.kernels, x.device)
+            qk, v = self.conv_output(F.silu(conv(qkv, weight))).split([2 * D, D], dim=-1)
         else:
             qk, v = qkv.split([2 * D, D], dim=-1)
             qk = F.silu(qk)

@@ -23,7 +23,8 @@ unscaled (as in ``mixer_deltanet.py``): the per-head RMSNorm that follows remove
 (up to its eps).
 
 The six input projections run as one matmul and the three short convolutions as one
-(``ops_short_conv.py``, hand-written backward) over concatenated parameters: the parameters keep
+(``convolutions.short_conv_on``: the compiled CPU kernel, or ``ops_short_conv.py`` with its
+hand-written backward) over concatenated parameters: the parameters keep
 flash-linear-attention's names and shapes, and at these sizes fewer, larger calls are faster.
 
 Paths: the chunked WY/UT form (``gated_delta_rule_chunked``) for training; when the ``state`` site
@@ -39,13 +40,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .convolutions import ShortConv
+from .convolutions import ShortConv, short_conv_on
 from .kernels import gated_delta_rule_kernel, use_kernels
 from .mixers import zero_padding
 from .norms import GatedRMSNorm
 from .ops_gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_readout, gated_delta_rule_recurrent,
                                    gated_delta_rule_transition)
-from .ops_short_conv import short_conv
 from .recurrent_cache import QKVWindowsAndRecurrentState
 from .sites import Site, through_state_site
 from .errors import ConfigError
@@ -130,9 +130,9 @@ class GatedDeltaNetMixer(QKVWindowsAndRecurrentState, nn.Module):
         self.A_log = nn.Parameter(torch.empty(H))
         self.dt_bias = nn.Parameter(torch.empty(H))
         if self.use_short_conv:
-            self.q_conv1d = ShortConv(self.key_dim, config.conv_kernel, bias=False)
-            self.k_conv1d = ShortConv(self.key_dim, config.conv_kernel, bias=False)
-            self.v_conv1d = ShortConv(self.value_dim, config.conv_kernel, bias=False)
+            self.q_conv1d = ShortConv(self.key_dim, config.conv_kernel, bias=False, kernels=config.kernels)
+            self.k_conv1d = ShortConv(self.key_dim, config.conv_kernel, bias=False, kernels=config.kernels)
+            self.v_conv1d = ShortConv(self.value_dim, config.conv_kernel, bias=False, kernels=config.kernels)
             self.conv_output = Site("short-conv outputs of q, k, v after SiLU, "
                                     "(batch, length, 2*heads*head_dim + heads*head_dim*expand_v)")
         self.g_proj = nn.Linear(D, self.value_dim, bias=False)               # output gate
@@ -186,7 +186,7 @@ class GatedDeltaNetMixer(QKVWindowsAndRecurrentState, nn.Module):
         if self.use_short_conv:
             # the three convolutions as one over the concatenated channels
             weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
-            qkv = self.conv_output(F.silu(short_conv(projected, weight)))
+            qkv = self.conv_output(F.silu(short_conv_on(self.kernels, x.device)(projected, weight)))
         else:
             qkv = F.silu(projected)
         return (projected, gate, *self._heads(qkv), *self._gates(a, b))

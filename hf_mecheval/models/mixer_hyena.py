@@ -85,7 +85,7 @@ class HyenaOperator(nn.Module):
         self.hidden_size = D
         self.filter_form = config.filter_form
         self.in_proj = nn.Linear(D, 3 * D)
-        self.short_conv = ShortConv(3 * D, config.short_conv_kernel)
+        self.short_conv = ShortConv(3 * D, config.short_conv_kernel, kernels=config.kernels)
         if self.filter_form == "reference":
             self.filter = HyenaFilter(D, config.max_filter_length, order=config.filter_order,
                                       emb_dim=config.filter_emb_dim, sine_freq=config.filter_sine_freq)

@@ -35,7 +35,6 @@ from .convolutions import ShortConv
 from .kernels import ssd_kernel, use_kernels
 from .mixers import at_positions, zero_padding
 from .norms import GatedRMSNorm
-from .ops_short_conv import short_conv
 from .ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from .recurrent_cache import WindowAndRecurrentState
 from .sites import Site, through_state_site
@@ -117,7 +116,8 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
         self.E, self.H, self.P, self.G, self.N = E, H, P, G, N
         self.chunk_size = config.chunk_size
         self.in_proj = nn.Linear(D, 2 * E + 2 * G * N + H, bias=False)         # [z, x, B, C, dt]
-        self.conv = ShortConv(E + 2 * G * N, config.conv_kernel, bias=True) if config.conv_kernel > 0 else None
+        self.conv = (ShortConv(E + 2 * G * N, config.conv_kernel, bias=True, kernels=config.kernels)
+                     if config.conv_kernel > 0 else None)
         self.dt_bias = nn.Parameter(torch.empty(H))
         self.A_log = nn.Parameter(torch.empty(H))
         self.D = nn.Parameter(torch.empty(H))
@@ -149,7 +149,7 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
         xBC = zero_padding(xBC, mask)
         if self.conv is None:
             return F.silu(xBC)
-        return self.conv_output(F.silu(short_conv(xBC, self.conv.weight, self.conv.bias)))
+        return self.conv_output(F.silu(self.conv(xBC)))
 
     def _ssm_inputs(self, xBC: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None):
         # xBC (..., E + 2GN), dt (..., H) -> x (..., H, P), B and C (..., G, N), dt (..., H) > 0.

@@ -19,8 +19,8 @@ Sweep file (unknown keys are errors)::
 Stacking (``--stack N`` or ``auto``): runs that differ only in learning rate and seed are
 trained together, up to N at a time, as one stacked run (``training/stacked.py``); each still
 gets its own run directory. ``auto`` stacks on a GPU as many as fit in half its free memory (at
-most 32) and does not stack on a CPU, where a step of these models is already compute-bound
-(``benchmarks/bench_stacked.py``: 5 stacked runs cost about as much as 5 runs one after another).
+most 32); on a CPU up to 8 runs of width 32 or less, whose steps are mostly overhead that a stack
+shares, and none wider, where a step is compute-bound (``stack_size_that_fits``).
 Runs of transformers' own models (``hf:<model_type>``) are never stacked: each trains alone.
 
 Finished runs (``metrics.json`` present) are skipped and a run left with a checkpoint by a killed
@@ -248,14 +248,24 @@ def plan_jobs(todo: list[Run], runs_dir: Path, stack: int | str = "auto") -> lis
     return jobs
 
 
+# On a CPU a run of width <= 32 spends its step on overhead (the vocabulary's embedding and head,
+# the optimizer, every operator's fixed cost) more than on arithmetic, and a stack pays it once for
+# all its copies: one process per core, each a stack of 8 such runs, trained 2.5-3.3x the runs per
+# CPU-hour of one lone run per core (Transformer and Mamba at widths 16 and 32,
+# benchmarks/bench_small_widths.py). From width 64 on a step is mostly arithmetic, which a stack
+# does K times over: there, and on the quickstart's and the reference sweeps' width-64 runs, none.
+CPU_STACK_MAX_WIDTH = 32
+CPU_STACK_SIZE = 8
+
+
 def stack_size_that_fits(spec: RunSpec, cap: int = 32) -> int:
     """``auto``: on a GPU, as many copies as fit in half its free memory, each copy costing what
     the run's own memory check estimates for it on the device (``arguments.run_memory``); on a
-    CPU, 1 (no stacking; see above)."""
+    CPU, ``CPU_STACK_SIZE`` at widths up to ``CPU_STACK_MAX_WIDTH``, else 1 (no stacking)."""
     import torch
 
     if not torch.cuda.is_available():
-        return 1
+        return CPU_STACK_SIZE if spec.config.hidden_size <= CPU_STACK_MAX_WIDTH else 1
     per_copy = sum(run_memory(spec.config, spec.task, spec.train_size, spec.eval_size, spec.run,
                               spec.training)["device"].values())
     free, _ = torch.cuda.mem_get_info()

@@ -180,6 +180,44 @@ def test_compiled_scan_matches_reference_values_and_gradients():
 
 
 @needs_compiler
+@pytest.mark.parametrize("E", [512, 40])
+def test_compiled_scan_in_float32_at_width_256(E):
+    # Mamba's sizes at width 256 (E = 512 channels, 32 blocks of 16) and a width whose channels
+    # end in a partial block (40 = 2 x 16 + 8): float32 values and gradients against the float64
+    # reference, to float32 rounding (relative to each tensor's scale)
+    x, dt, A, Bm, C = (t.detach() for t in inputs(12, B=2, L=37, E=E, N=16))
+    w = torch.randn(2, 37, E, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    wanted = [t.clone().requires_grad_() for t in (x, dt, A, Bm, C)]
+    (selective_scan_reference(*wanted)[0] * w).sum().backward()
+    got = [t.float().requires_grad_() for t in (x, dt, A, Bm, C)]
+    y32 = cpu_kernels.selective_scan_cpu(*got)
+    (y32 * w.float()).sum().backward()
+    y64 = selective_scan_reference(x, dt, A, Bm, C)[0]
+    assert (y32.double() - y64).abs().max() <= 1e-5 * y64.abs().max()
+    for a, b in zip(got, wanted):
+        assert (a.grad.double() - b.grad).abs().max() <= 1e-5 * b.grad.abs().max()
+
+
+def test_the_compiled_scans_flop_count():
+    # what a FLOP count adds by hand for the kernel (benchmarks/bench_models.py): per state element
+    # 7 operations forward and 20 backward, over rows x length x state x channels
+    assert cpu_kernels.scan_flops(2, 3, 4, 5, backward=False) == 7 * 120
+    assert cpu_kernels.scan_flops(32, 37, 16, 512) == 27 * 32 * 37 * 16 * 512
+
+
+def test_kernel_calls_take_a_thread_per_share_of_work():
+    # torch's threads, but no more than one per WORK_PER_THREAD operations, and at least one
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        unit = cpu_kernels.WORK_PER_THREAD
+        assert [cpu_kernels._threads_for(w) for w in (0, unit - 1, 2 * unit, 3 * unit + 5, 100 * unit)] == \
+            [1, 1, 2, 3, 4]
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_compiler
 def test_compiled_scan_with_very_large_steps():
     # dt up to 1e4 (a model trained at a high rate): decays far below exp(-80), which the kernel
     # clamps there (its fast path); y still matches the float64 reference in float32
@@ -192,18 +230,21 @@ def test_compiled_scan_with_very_large_steps():
 
 
 @needs_compiler
-def test_compiled_scan_with_one_A_per_row_under_vmap_and_split_between_threads():
+def test_compiled_scan_with_one_A_per_row_under_vmap_and_split_between_threads(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "WORK_PER_THREAD", 1)    # split even these small calls
     x, dt, A, Bm, C = inputs(10, B=5)
     A_rows = (A[None] * torch.linspace(0.5, 2.0, 5, dtype=A.dtype)[:, None, None]).detach().requires_grad_()
     assert torch.autograd.gradcheck(cpu_kernels.selective_scan_cpu, (x, dt, A_rows, Bm, C))
-    # rows split between 3 threads give the 1-thread result exactly (each row is one call's)
+    # rows split between 3 threads (1, 2 and 2 rows) give the 1-thread result exactly, values and
+    # gradients (each row is computed by one thread alone)
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = cpu_kernels.selective_scan_cpu(x, dt, A_rows, Bm, C)
-        torch.set_num_threads(3)
-        assert cpu_kernels._split_rows(5) == [(0, 1), (1, 3), (3, 5)]
-        assert torch.equal(cpu_kernels.selective_scan_cpu(x, dt, A_rows, Bm, C), one)
+        results = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            y = cpu_kernels.selective_scan_cpu(x, dt, A_rows, Bm, C)
+            results.append((y, *torch.autograd.grad(y.sum(), (x, dt, A_rows, Bm, C))))
+        assert all(torch.equal(a, b) for a, b in zip(*results))
     finally:
         torch.set_num_threads(threads)
     K_A = torch.stack([A.detach(), 0.3 * A.detach()]).requires_grad_()
@@ -242,30 +283,31 @@ def test_mamba_on_the_compiled_scan_equals_the_pytorch_path():
 def test_a_compiler_that_fails_leaves_the_pytorch_path(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setenv("CXX", "false")                    # a "compiler" that always fails
-    assert cpu_kernels.scan_library.__wrapped__() is None
+    assert cpu_kernels.kernel_library.__wrapped__() is None
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
     # a cache "folder" that is a file (cannot be created): None, not an error
     monkeypatch.delenv("CXX")
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path / "a-file" / "kernels"))
-    assert cpu_kernels.scan_library.__wrapped__() is None
+    assert cpu_kernels.kernel_library.__wrapped__() is None
     # no source (a checkpoint's copy of the code) or no compiler at all: None as well
-    monkeypatch.setattr(cpu_kernels, "SOURCE", tmp_path / "missing.cpp")
-    assert cpu_kernels.scan_library.__wrapped__() is None
+    monkeypatch.setattr(cpu_kernels, "SOURCES", (tmp_path / "missing.cpp", *cpu_kernels.SOURCES[1:]))
+    assert cpu_kernels.kernel_library.__wrapped__() is None
 
 
 @needs_compiler
 def test_the_compiled_library_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_MECHEVAL_KERNEL_CACHE", str(tmp_path))
-    first = cpu_kernels.scan_library.__wrapped__()
-    built = list(tmp_path.glob("selective_scan_cpu-*.so"))
+    first = cpu_kernels.kernel_library.__wrapped__()
+    built = list(tmp_path.glob("cpu_kernels-*.so"))
     assert first is not None and len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    assert cpu_kernels.scan_library.__wrapped__() is not None      # loads the cached build
+    assert cpu_kernels.kernel_library.__wrapped__() is not None      # loads the cached build
     assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*.so")) == built
     # another source is another build
     changed = tmp_path / "changed.cpp"
-    changed.write_text(cpu_kernels.SOURCE.read_text() + "\n// changed\n")
-    monkeypatch.setattr(cpu_kernels, "SOURCE", changed)
-    assert cpu_kernels.scan_library.__wrapped__() is not None
+    changed.write_text(cpu_kernels.SOURCES[0].read_text() + "\n// changed\n")
+    (tmp_path / "cpu_threads.h").write_text(cpu_kernels.SOURCES[2].read_text())   # included beside it
+    monkeypatch.setattr(cpu_kernels, "SOURCES", (changed, *cpu_kernels.SOURCES[1:]))
+    assert cpu_kernels.kernel_library.__wrapped__() is not None
     assert len(list(tmp_path.glob("*.so"))) == 2

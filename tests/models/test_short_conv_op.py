@@ -1,9 +1,13 @@
-"""ops.short_conv: the hand-written backward against the reference and ShortConv itself."""
+"""ops.short_conv: the hand-written backward against the reference and ShortConv itself; the
+compiled CPU kernel (cpu_kernels.short_conv_cpu) against the same reference."""
 import pytest
 import torch
 
-from hf_mecheval.models.convolutions import ShortConv
+from hf_mecheval.models import cpu_kernels
+from hf_mecheval.models.convolutions import ShortConv, short_conv_on
 from hf_mecheval.models.ops_short_conv import ShortConvFunction, short_conv, short_conv_reference
+
+needs_compiler = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
 
 
 @pytest.mark.parametrize("K, L", [(4, 11), (1, 5), (3, 2), (6, 3)])    # taps longer than the sequence too
@@ -41,3 +45,74 @@ def test_gradcheck_and_vmap():
         wk = ws[k].detach().requires_grad_()
         want = torch.autograd.grad(short_conv_reference(xs[k], wk).square().sum(), wk)[0]
         assert torch.allclose(grads[k], want)
+
+
+@needs_compiler
+@pytest.mark.parametrize("K, L", [(4, 11), (1, 5), (3, 2), (6, 3)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_form_equals_reference(K, L, bias):
+    # the compiled kernel, alone and as ShortConv(kernels="auto") runs it, against the readable
+    # reference: values and the gradients of input, weight and bias, to 1e-12 in float64
+    assert short_conv_on("auto", torch.device("cpu")) is cpu_kernels.short_conv_cpu
+    assert short_conv_on("torch", torch.device("cpu")) is short_conv
+    torch.manual_seed(0)
+    conv = ShortConv(5, K, bias=bias, kernels="auto").double()
+    x = torch.randn(2, L, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, L, 5, dtype=torch.float64)
+    params = [x, *conv.parameters()]
+    ref = short_conv_reference(x, conv.weight, conv.bias)
+    ref_grads = torch.autograd.grad((ref * w).sum(), params)
+    for y in (cpu_kernels.short_conv_cpu(x, conv.weight, conv.bias), conv(x)):
+        assert (y - ref).abs().max() <= 1e-12
+        for g, r in zip(torch.autograd.grad((y * w).sum(), params), ref_grads):
+            assert (g - r).abs().max() <= 1e-12
+
+
+@needs_compiler
+def test_compiled_form_gradcheck_vmap_and_threads(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "WORK_PER_THREAD", 1)    # split even these small calls
+    x = torch.randn(3, 6, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, 1, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(cpu_kernels.CpuShortConv.apply, (x, weight))
+    # stacked copies: a weight per copy (per-copy weight gradients) or one shared by every copy
+    xs = torch.randn(3, 2, 6, 5, dtype=torch.float64)
+    ws = torch.randn(3, 5, 1, 4, dtype=torch.float64, requires_grad=True)
+    ys = torch.func.vmap(cpu_kernels.short_conv_cpu)(xs, ws)
+    shared = torch.func.vmap(cpu_kernels.short_conv_cpu, in_dims=(0, None))(xs, ws[0].detach())
+    grads = torch.autograd.grad(ys.square().sum(), ws)[0]
+    for k in range(3):
+        wk = ws[k].detach().requires_grad_()
+        ref = short_conv_reference(xs[k], wk)
+        assert (ys[k] - ref).abs().max() <= 1e-12
+        assert (shared[k] - short_conv_reference(xs[k], ws[0].detach())).abs().max() <= 1e-12
+        assert (grads[k] - torch.autograd.grad(ref.square().sum(), wk)[0]).abs().max() <= 1e-10
+    # rows split between 3 threads give the 1-thread result exactly, gradients included
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            y = cpu_kernels.short_conv_cpu(x, weight)
+            results.append((y, *torch.autograd.grad(y.square().sum(), (x, weight))))
+        assert all(torch.equal(a, b) for a, b in zip(*results))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_compiler
+def test_compiled_form_in_float32_at_width_256():
+    # DeltaNet's three convolutions at width 256 (768 channels), batch 4, length 37, 4 taps, in
+    # float32 against the float64 reference: to float32 rounding of each tensor's scale
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 37, 768, generator=g, dtype=torch.float64)
+    weight = torch.randn(768, 1, 4, generator=g, dtype=torch.float64) / 2
+    w = torch.randn(4, 37, 768, generator=g, dtype=torch.float64)
+    x64, w64 = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = short_conv_reference(x64, w64)
+    ref_grads = torch.autograd.grad((ref * w).sum(), (x64, w64))
+    x32, w32 = x.float().requires_grad_(), weight.float().requires_grad_()
+    y = cpu_kernels.short_conv_cpu(x32, w32)
+    assert y.dtype == torch.float32
+    assert (y.double() - ref).abs().max() <= 1e-6 * ref.abs().max()
+    for got, want in zip(torch.autograd.grad((y * w.float()).sum(), (x32, w32)), ref_grads):
+        assert (got.double() - want).abs().max() <= 1e-6 * want.abs().max()
