@@ -392,7 +392,7 @@ def _width_axis(ax) -> None:
 def restoration_width_figure(rows: list[dict], path: Path) -> Path:
     """Restoration @value, @query and @key (the last layer's input, key corrupted) of each
     architecture's chosen runs against width, one panel per position; runs that failed the task
-    (no restoration measured) are left out."""
+    (labelled "failed": their scores mean nothing) are left out."""
     import matplotlib.pyplot as plt
 
     from .plots import save_figure
@@ -403,7 +403,8 @@ def restoration_width_figure(rows: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
     for ax, p in zip(axes, ("value", "query", "key")):
         for label in labels:
-            pts = [(d, _scores(s)[p]) for (l, d), s in sorted(sel.items(), key=lambda kv: kv[0][1]) if l == label]
+            pts = [(d, _scores(s)[p]) for (l, d), s in sorted(sel.items(), key=lambda kv: kv[0][1])
+                   if l == label and _mech(s) != "failed"]
             pts = [(d, v) for d, v in pts if v is not None]
             if pts:
                 ax.plot([d for d, _ in pts], [v for _, v in pts], marker="o", color=colour[label], label=label)
