@@ -149,6 +149,8 @@ def grid_tables(results: dict[str, list[dict]]) -> dict[str, str]:
         tables["grid_by_width"] = _table(["claim"] + [f"width {d}" for d in WIDTHS],
                                          [[claim] + cols for claim, cols in claims_by_width(rows["ar"]).items()])
         tables["grid_compute"] = compute_table(results)
+    if results.get("ref_width_ar"):
+        tables["grid_run_cost"] = run_cost_table(rows["ar"])
     return tables
 
 
@@ -327,6 +329,32 @@ def compute_table(results: dict[str, list[dict]]) -> str:
         wall = sum(r.get("train_wall_seconds") or 0 for r in rows) / 3600
         lines.append([block, f"{len(rows)} of {planned_runs}", f"{cpu:.1f}", f"{wall:.1f}"])
     return _table(["block", "runs finished", "CPU hours", "wall hours"], lines)
+
+
+def run_cost_table(rows: list[dict]) -> str:
+    """What one 50 016-step AR run costs, per architecture and width: the median wall and CPU
+    minutes of its runs that trained in one segment with one thread (beside one other run, as
+    the sweeps run), and how many runs that median is of."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("threads") == 1 and r.get("train_segments") == 1 and r.get("train_cpu_seconds") \
+                and round(r.get("epochs") or 0) == 16:
+            groups.setdefault((r["label"], r["hidden_size"]), []).append(r)
+
+    def median(values):
+        values = sorted(values)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+    lines = []
+    for label in sorted({k[0] for k in groups}, key=_order):
+        cells = []
+        for width in WIDTHS:
+            rs = groups.get((label, width))
+            cells.append(f"{median([r['train_wall_seconds'] for r in rs]) / 60:.0f} / "
+                         f"{median([r['train_cpu_seconds'] for r in rs]) / 60:.0f} ({len(rs)})" if rs else "—")
+        lines.append([label] + cells)
+    return _table(["model"] + [f"width {d}: wall / CPU min (runs)" for d in WIDTHS], lines)
 
 
 # ---------------------------------------------------------------------------------- figures

@@ -25,7 +25,8 @@ def row(label, width=64, layers=2, lr=1e-3, seed=0, task="ar_32", best=True, swe
             "task": task, "learning_rate": lr, "seed": seed, "init_scheme": "reference", "max_grad_norm": 0.0,
             "validation_accuracy": acc, "test_accuracy": acc, "test_head_accuracy": acc, "@key": key if best else None,
             "@value": value if best else None, "@query": query if best else None, "mechanism": mech,
-            "confidence": "high", "layer_scores": scores, "train_cpu_seconds": 3600.0, "train_wall_seconds": 7200.0,
+            "confidence": "high", "layer_scores": scores, "train_cpu_seconds": 3600.0 * width / 64,
+            "train_wall_seconds": 7200.0 * width / 64, "threads": 1, "train_segments": 1,
             "epochs": 16.0 if task == "ar_32" else 32.0}
 
 
@@ -108,6 +109,10 @@ def test_depth_table_reads_restoration_layer_by_layer_and_compute_counts_hours(r
     compute = tables["grid_compute"]
     n_depth = len(Sweep.load("reference/depth").runs)
     assert f"| layers and positions at 64 | {n_depth} of {n_depth} | {n_depth:.1f} | {2 * n_depth:.1f} |" in compute
+    # a run's cost by width: the median over the cell's one-thread, one-segment runs (1 h of CPU per
+    # 64 of width here, twice that of wall time)
+    cost = tables["grid_run_cost"]
+    assert "| mamba (conv 4) | 30 / 15 (3) | 60 / 30 (3) | 120 / 60 (6) | 240 / 120 (3) | 480 / 240 (4) |" in cost
 
 
 def test_grid_figures_are_drawn_for_the_blocks_present(results, tmp_path):
