@@ -24,13 +24,16 @@ from ..atomic_files import write_text_atomic
 from ..inputs import read_json
 from ..metrics.mechanism import relabel
 from ..runs.files import format_score
+from ..experiments import read_experiment
+from .mqar import mqar_table, zoology_table
 from .paper_grid import GRID_SWEEPS, grid_figures, grid_tables
 from .reference_figures import reference_figures
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
 from .report import figures
 from ..runs.files import RESULT_ROWS
 
-SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr") + REFERENCE_SWEEPS + GRID_SWEEPS
+MQAR_SWEEPS = ("cpu_mqar", "cpu_mqar_zoology")
+SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr") + REFERENCE_SWEEPS + GRID_SWEEPS + MQAR_SWEEPS
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict]]:
@@ -179,7 +182,22 @@ def claim_tables(results: dict[str, list[dict]]) -> dict[str, str]:
     if any(sweep in results for sweep in REFERENCE_SWEEPS):
         tables.update(reference_tables(results))
     tables.update(grid_tables(results))
+    tables.update(mqar_tables(results))
     return tables
+
+
+def mqar_tables(results: dict[str, list[dict]]) -> dict[str, str]:
+    """Part 3's tables: the MQAR sweep per architecture and width (accuracy per setting, the
+    mechanism overall, near and far), and Zoology's Figure 2 settings beside its published
+    accuracies with the same per-run table for their mechanisms."""
+    tables = {}
+    if results.get("cpu_mqar"):
+        tables["mqar"] = mqar_table(results["cpu_mqar"])
+    if results.get("cpu_mqar_zoology"):
+        rows = results["cpu_mqar_zoology"]
+        tables["mqar_zoology"] = zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"])
+        tables["mqar_zoology_mechanism"] = mqar_table(rows)
+    return {name: table for name, table in tables.items() if table}
 
 
 # ---------------------------------------------------------------------------------- outputs

@@ -65,3 +65,18 @@ def test_figures_are_drawn(tmp_path):
     for p in made:
         data = p.read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_reproduction_tables_come_from_each_mqar_sweep():
+    """REPRODUCTION.md's Part 3: the CPU sweep's table from cpu_mqar's rows only, Zoology's two
+    tables from cpu_mqar_zoology's only; a sweep not run yet gives no table (its block stays)."""
+    from hf_mecheval.reports.reproduction import mqar_tables
+    cpu, zoology = ROWS[:5], ROWS[5:]
+    tables = mqar_tables({"cpu_mqar": cpu, "cpu_mqar_zoology": zoology})
+    assert sorted(tables) == ["mqar", "mqar_zoology", "mqar_zoology_mechanism"]
+    assert "| mqar_cpu | mamba | 128 | 0.01 | 20.0 |" in tables["mqar"] and "mqar_64_4" not in tables["mqar"]
+    assert "| mqar_64_4 | 128 | hyena | 75 | 66.0 | 0.001 |" in tables["mqar_zoology"]
+    assert "| mqar_64_4 | hyena | 128 | 0.001 | 66.0 |" in tables["mqar_zoology_mechanism"]
+    assert "mqar_cpu" not in tables["mqar_zoology_mechanism"]
+    assert mqar_tables({"cpu_mqar_zoology": zoology}).keys() == {"mqar_zoology", "mqar_zoology_mechanism"}
+    assert mqar_tables({"cpu_ar": cpu}) == {}
