@@ -4,7 +4,9 @@ seconds.
 
 * ``selective_scan_cpu`` (``selective_scan_cpu.cpp``): Mamba's selective scan, what
   ``ops_selective_scan.selective_scan`` computes, ~4-6x faster forward and backward at Mamba's
-  sizes (``benchmarks/bench_scan.py``);
+  sizes (``benchmarks/bench_scan.py``); with mamba-ssm's options (``selective_scan_fn``'s
+  ``D``, ``z``, ``delta_bias``, ``delta_softplus``) the elementwise steps around it too:
+  out = (scan(x, softplus(dt_raw + bias), A, B, C) + D x) * silu(z);
 * ``short_conv_cpu`` (``short_conv_cpu.cpp``): the depthwise causal short convolution of
   ``ops_short_conv.short_conv`` (Mamba, Mamba-2, Hyena, BaseConv, DeltaNet, Gated DeltaNet), in
   one pass forward and one backward instead of 2K - 1 whole-tensor passes each.
@@ -32,7 +34,7 @@ import torch
 from transformers.utils import logging
 
 from .mixers import fold_copies
-from .ops_selective_scan import _row_decays, _state_major, in_scan_precision
+from .ops_selective_scan import _row_decays, _state_major
 
 logger = logging.get_logger(__name__)
 
@@ -114,21 +116,27 @@ def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
-def scan_forward(x, dt, A_ne, Bm, C) -> torch.Tensor:
-    """y (B, L, E). x, dt: (B, L, E); A_ne: (N, E) or (B, N, E); Bm, C: (B, L, N); all contiguous,
-    of one dtype (float32 or float64), on the CPU."""
-    y = torch.empty_like(x)
-    _run_rows("scan_forward", [x, dt, A_ne, Bm, C, y])
-    return y
+def scan_forward(x, dt, A_ne, Bm, C, D_rows=None, z=None, bias_rows=None, softplus=False) -> torch.Tensor:
+    """out (B, L, E). x, dt (dt_raw), z: (B, L, E); A_ne: (N, E) or (B, N, E); Bm, C: (B, L, N);
+    D_rows, bias_rows: (B, E); all contiguous, of one dtype (float32 or float64), on the CPU. None
+    turns that option off (``selective_scan_cpu.cpp``)."""
+    out = torch.empty_like(x)
+    _run_rows("scan_forward", [x, dt, A_ne, Bm, C, D_rows, z, bias_rows, out], softplus)
+    return out
 
 
-def scan_backward(x, dt, A_ne, Bm, C, gy):
-    """(gx, gdt, gA per row (B, N, E), gB, gC): the gradients of sum(gy * y), same layouts."""
+def scan_backward(x, dt, A_ne, Bm, C, D_rows, z, bias_rows, softplus, gout):
+    """(gx, gdt (of dt_raw), gA per row (B, N, E), gB, gC, gD per row (B, E) or None, gz or None,
+    gbias per row (B, E) or None): the gradients of sum(gout * out), same layouts."""
     gx, gdt = torch.empty_like(x), torch.empty_like(x)
     gA = x.new_empty(x.shape[0], *A_ne.shape[-2:])
     gB, gC = torch.empty_like(Bm), torch.empty_like(C)
-    _run_rows("scan_backward", [x, dt, A_ne, Bm, C, gy, gx, gdt, gA, gB, gC])
-    return gx, gdt, gA, gB, gC
+    gD = None if D_rows is None else torch.empty_like(D_rows)
+    gz = None if z is None else torch.empty_like(z)
+    gbias = None if bias_rows is None else torch.empty_like(bias_rows)
+    _run_rows("scan_backward", [x, dt, A_ne, Bm, C, D_rows, z, bias_rows, gout, gx, gdt, gA, gB, gC, gD, gz, gbias],
+              softplus)
+    return gx, gdt, gA, gB, gC, gD, gz, gbias
 
 
 # Operations a thread of a kernel call should have at least: a thread costs tens of microseconds to
@@ -142,60 +150,85 @@ def _threads_for(work: int) -> int:
     return max(1, min(torch.get_num_threads(), work // WORK_PER_THREAD))
 
 
-def _run_rows(kernel: str, tensors: list[torch.Tensor]) -> None:
-    """Call ``kernel`` (of x's dtype) with a pointer to each tensor and (rows, L, N, E, A per row,
-    threads): the kernels' calling convention. ``tensors`` has x (B, L, E) first and A (N, E) or
-    (B, N, E) third; every other tensor has one row per batch row. The kernel splits the rows
-    between as many threads as torch uses (``_threads_for``; ctypes releases the GIL during the call)."""
+def _run_rows(kernel: str, tensors: list, softplus: bool) -> None:
+    """Call ``kernel`` (of x's dtype) with a pointer to each tensor (null for None) and (rows, L, N,
+    E, A per row, softplus, threads): the kernels' calling convention. ``tensors`` has x (B, L, E)
+    first and A (N, E) or (B, N, E) third; every other tensor has one row per batch row. The kernel
+    splits the rows between as many threads as torch uses (``_threads_for``; ctypes releases the
+    GIL during the call)."""
     x, A_ne = tensors[0], tensors[2]
     rows, L, E = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     N = A_ne.shape[-2]
     threads = _threads_for(SCAN_FLOPS_PER_STATE["forward"] * rows * L * N * E)
-    sizes = (rows, L, N, E, int(A_ne.dim() == 3), threads)
-    fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+    sizes = (rows, L, N, E, int(A_ne.dim() == 3), int(softplus), threads)
+    fn(*(ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
 
 
 class CpuSelectiveScan(torch.autograd.Function):
-    """y = selective_scan_reference(x, dt, A, B, C)[0] by the compiled C++ kernel: forward keeps
-    nothing but its inputs; backward recomputes each row's states in cache. A is (E, N), or
-    (B, E, N) one per row (the vmap rule folds stacked copies into rows, as ``SelectiveScan``'s).
-    Float32 or float64, on the CPU; use ``selective_scan_cpu``."""
+    """The compiled C++ kernel: out = y * silu(z), y = selective_scan_reference(x, dt, A, B, C)[0]
+    + D * x, with dt = softplus(dt_raw + delta_bias) (``delta_softplus``) or dt_raw + delta_bias,
+    as mamba-ssm's ``selective_scan_fn`` takes them; D, z, delta_bias None = left out. Forward keeps
+    nothing but its inputs; backward recomputes each row's states in cache. A is (E, N), or (B, E, N)
+    one per row; D, delta_bias (E,), or (B, E) one per row (the vmap rule folds stacked copies into
+    rows, as ``SelectiveScan``'s). Float32 or float64, on the CPU; ``apply`` takes all nine arguments
+    (use ``selective_scan_cpu``)."""
 
     @staticmethod
-    def forward(x, dt, A, B, C):
-        # x, dt: (B, L, E); A: (E, N) or (B, E, N); B, C: (B, L, N) -> y (B, L, E)
-        return scan_forward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous())
+    def forward(x, dt, A, B, C, D, z, delta_bias, delta_softplus):
+        # x, dt, z: (B, L, E); A: (E, N) or (B, E, N); B, C: (B, L, N); D, delta_bias: (E,) or (B, E)
+        rows = x.shape[0]
+        return scan_forward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous(),
+                            _per_row(D, rows), None if z is None else z.contiguous(), _per_row(delta_bias, rows),
+                            delta_softplus)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        x, dt, A, B, C, D, z, delta_bias, delta_softplus = inputs
+        ctx.save_for_backward(x, dt, A, B, C, D, z, delta_bias)
+        ctx.delta_softplus = delta_softplus
 
     @staticmethod
-    def backward(ctx, gy):
-        x, dt, A, B, C = ctx.saved_tensors
-        gx, gdt, gA, gB, gC = scan_backward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(),
-                                            C.contiguous(), gy.contiguous())
+    def backward(ctx, gout):
+        x, dt, A, B, C, D, z, delta_bias = ctx.saved_tensors
+        rows = x.shape[0]
+        gx, gdt, gA, gB, gC, gD, gz, gbias = scan_backward(
+            x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous(), _per_row(D, rows),
+            None if z is None else z.contiguous(), _per_row(delta_bias, rows), ctx.delta_softplus, gout.contiguous())
         gA = gA.transpose(1, 2) if A.dim() == 3 else gA.sum(0).T            # (B, E, N) or (E, N)
-        return gx, gdt, gA, gB, gC
+        gD = None if D is None else gD if D.dim() == 2 else gD.sum(0)
+        gbias = None if delta_bias is None else gbias if delta_bias.dim() == 2 else gbias.sum(0)
+        return gx, gdt, gA, gB, gC, gD, gz, gbias, None
 
     @staticmethod
-    def vmap(info, in_dims, x, dt, A, B, C):
+    def vmap(info, in_dims, x, dt, A, B, C, D, z, delta_bias, delta_softplus):
         K = info.batch_size
-        x, dt, B, C = fold_copies(K, (x, dt, B, C), (in_dims[0], in_dims[1], in_dims[3], in_dims[4]))
+        dims = in_dims
+        x, dt, B, C = fold_copies(K, (x, dt, B, C), (dims[0], dims[1], dims[3], dims[4]))
         b = x.shape[0] // K                                                     # rows per copy
-        y = CpuSelectiveScan.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C)
+        if z is not None:
+            (z,) = fold_copies(K, (z,), (dims[6],))
+        D, delta_bias = (None if p is None else _row_decays(p, d, K, b) for p, d in ((D, dims[5]), (delta_bias, dims[7])))
+        y = CpuSelectiveScan.apply(x, dt, _row_decays(A, dims[2], K, b), B, C, D, z, delta_bias, delta_softplus)
         return y.view(K, b, *y.shape[1:]), 0
 
 
-def selective_scan_cpu(x, dt, A, B, C) -> torch.Tensor:
-    """y (B, L, E), as ``selective_scan``, by the compiled kernel (where ``available()``).
-    Inputs in a lower precision are scanned in float32; y comes back in x's dtype."""
+def _per_row(p: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """A per-channel parameter (E,) -> (rows, E), contiguous: the kernel reads one per row."""
+    return None if p is None else p.expand(rows, p.shape[-1]).contiguous()
+
+
+def selective_scan_cpu(x, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False) -> torch.Tensor:
+    """out (B, L, E), as ``selective_scan`` (followed by the options: ``CpuSelectiveScan``), by the
+    compiled kernel (where ``available()``). Inputs in a lower precision are scanned in float32;
+    out comes back in x's dtype."""
     dtype = x.dtype
-    inputs = in_scan_precision((x, dt, A, B, C))
-    if len({t.dtype for t in inputs}) > 1:          # the kernels take one dtype
-        inputs = tuple(t.float() for t in inputs)
-    return CpuSelectiveScan.apply(*inputs).to(dtype)
+    given = [t for t in (x, dt, A, B, C, D, z, delta_bias) if t is not None]
+    inputs = [x, dt, A, B, C, D, z, delta_bias]
+    if len({t.dtype for t in given}) > 1 or any(t.dtype.itemsize < 4 for t in given):   # the kernels take one dtype
+        compute = torch.float64 if all(t.dtype == torch.float64 for t in given) else torch.float32
+        inputs = [None if t is None else t.to(compute) for t in inputs]
+    return CpuSelectiveScan.apply(*inputs, delta_softplus).to(dtype)
 
 
 # --------------------------------------------------------------------------- the short convolution
