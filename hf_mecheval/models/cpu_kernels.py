@@ -9,7 +9,8 @@ seconds.
   out = (scan(x, softplus(dt_raw + bias), A, B, C) + D x) * silu(z);
 * ``short_conv_cpu`` (``short_conv_cpu.cpp``): the depthwise causal short convolution of
   ``ops_short_conv.short_conv`` (Mamba, Mamba-2, Hyena, BaseConv, DeltaNet, Gated DeltaNet), in
-  one pass forward and one backward instead of 2K - 1 whole-tensor passes each.
+  one pass forward and one backward instead of 2K - 1 whole-tensor passes each, with its bias
+  and (``activation="silu"``, Mamba's and Mamba-2's) the SiLU after it in the same pass.
 
 Where no compiler is found the mixers keep their PyTorch paths; a checkpoint's copy of the
 modeling code never imports this module (``kernels.cpu_kernel``).
@@ -39,7 +40,7 @@ from .ops_selective_scan import _row_decays, _state_major
 logger = logging.get_logger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("selective_scan_cpu.cpp", "short_conv_cpu.cpp",
-                                                            "cpu_threads.h"))
+                                                            "cpu_threads.h", "cpu_vectors.h"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC", "-std=c++17", "-pthread"]
 
 
@@ -233,37 +234,51 @@ def selective_scan_cpu(x, dt, A, B, C, D=None, z=None, delta_bias=None, delta_so
 
 # --------------------------------------------------------------------------- the short convolution
 class CpuShortConv(torch.autograd.Function):
-    """y = ops_short_conv.short_conv_reference(x, weight) (no bias) by the compiled kernel. x
-    (B, L, C); weight (C, 1, K), or (B, C, 1, K) one per row (the vmap rule folds stacked copies
-    into rows). Float32 or float64, on the CPU; use ``short_conv_cpu``."""
+    """y = ops_short_conv.short_conv_reference(x, weight, bias), followed by SiLU where ``silu``
+    (as causal-conv1d's activation="silu"), by the compiled kernel. x (B, L, C); weight (C, 1, K)
+    and bias (C,) or None, or (B, C, 1, K) and (B, C) one per row (the vmap rule folds stacked
+    copies into rows). Float32 or float64, on the CPU; ``apply`` takes all four arguments (use
+    ``short_conv_cpu``)."""
 
     @staticmethod
-    def forward(x, weight):
+    def forward(x, weight, bias, silu):
         y = torch.empty_like(x)
-        _run_conv("short_conv_forward", [x, _taps_major(weight), y], weight.dim() == 4)
+        _run_conv("short_conv_forward", [x, _taps_major(weight), _contiguous(bias), y], weight.dim() == 4, silu)
         return y
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        x, weight, bias, silu = inputs
+        ctx.save_for_backward(x, weight, bias)
+        ctx.silu = silu
 
     @staticmethod
     def backward(ctx, g):
-        x, weight = ctx.saved_tensors
+        x, weight, bias = ctx.saved_tensors
         gx = torch.empty_like(x)
         gw = x.new_empty(x.shape[0], weight.shape[-1], x.shape[-1])                # (B, K, C): one share per row
-        _run_conv("short_conv_backward", [x, _taps_major(weight), g.contiguous(), gx, gw], weight.dim() == 4)
-        gw = gw.transpose(1, 2)[:, :, None, :] if weight.dim() == 4 else gw.sum(0).T[:, None, :]
-        return gx, gw
+        gbias = None if bias is None else x.new_empty(x.shape[0], x.shape[-1])    # (B, C)
+        _run_conv("short_conv_backward", [x, _taps_major(weight), _contiguous(bias), g.contiguous(), gx, gw, gbias],
+                  weight.dim() == 4, ctx.silu)
+        per_row = weight.dim() == 4
+        gw = gw.transpose(1, 2)[:, :, None, :] if per_row else gw.sum(0).T[:, None, :]
+        if gbias is not None and not per_row:
+            gbias = gbias.sum(0)
+        return gx, gw, gbias, None
 
     @staticmethod
-    def vmap(info, in_dims, x, weight):
+    def vmap(info, in_dims, x, weight, bias, silu):
         K = info.batch_size
         (x,) = fold_copies(K, (x,), (in_dims[0],))
         b = x.shape[0] // K                                                     # rows per copy
         w = weight.movedim(in_dims[1], 0) if in_dims[1] is not None else weight.expand(K, *weight.shape)
-        y = CpuShortConv.apply(x, w.repeat_interleave(b, dim=0))
+        bias = None if bias is None else _row_decays(bias, in_dims[2], K, b)    # (K*b, C)
+        y = CpuShortConv.apply(x, w.repeat_interleave(b, dim=0), bias, silu)
         return y.view(K, b, *y.shape[1:]), 0
+
+
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
 
 
 def _taps_major(weight: torch.Tensor) -> torch.Tensor:
@@ -272,22 +287,27 @@ def _taps_major(weight: torch.Tensor) -> torch.Tensor:
     return weight[..., 0, :].transpose(-1, -2).contiguous()
 
 
-def _run_conv(kernel: str, tensors: list[torch.Tensor], per_row: bool) -> None:
-    """Call ``kernel`` with a pointer to each tensor and (rows, L, C, K, weight per row, threads).
-    ``tensors``: x (B, L, C) first, the weight (K, C) or (B, K, C) second."""
+def _run_conv(kernel: str, tensors: list, per_row: bool, silu: bool) -> None:
+    """Call ``kernel`` with a pointer to each tensor (null for None) and (rows, L, C, K, weight per
+    row, silu, threads). ``tensors``: x (B, L, C) first, the weight (K, C) or (B, K, C) second."""
     x, w = tensors[0], tensors[1]
     rows, L, C = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     K = w.shape[-2]
-    sizes = (rows, L, C, K, int(per_row), _threads_for(2 * rows * L * C * K))
-    fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+    sizes = (rows, L, C, K, int(per_row), int(silu), _threads_for(2 * rows * L * C * K))
+    fn(*(ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
 
 
-def short_conv_cpu(x, weight, bias=None) -> torch.Tensor:
-    """``ops_short_conv.short_conv(x, weight, bias)`` by the compiled kernel (where ``available()``).
-    Inputs in a lower precision are convolved in float32; y comes back in the dtype the PyTorch
-    form gives (x's and the weight's, promoted)."""
+def short_conv_cpu(x, weight, bias=None, activation: str | None = None) -> torch.Tensor:
+    """``ops_short_conv.short_conv(x, weight, bias, activation)`` by the compiled kernel (where
+    ``available()``): the bias and ``activation="silu"`` in the kernel. Inputs in a lower precision
+    are convolved in float32; y comes back in the dtype the PyTorch form gives (x's, the weight's
+    and the bias's, promoted)."""
+    if activation not in (None, "silu"):
+        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
     dtype = torch.promote_types(x.dtype, weight.dtype)                    # as the PyTorch form's x * w
+    if bias is not None:
+        dtype = torch.promote_types(dtype, bias.dtype)
     compute = torch.promote_types(dtype, torch.float32)
-    y = CpuShortConv.apply(x.to(compute).contiguous(), weight.to(compute)).to(dtype)
-    return y if bias is None else y + bias
+    return CpuShortConv.apply(x.to(compute).contiguous(), weight.to(compute), None if bias is None else bias.to(compute),
+                              activation == "silu").to(dtype)

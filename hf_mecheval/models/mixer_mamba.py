@@ -127,7 +127,7 @@ class MambaMixer(WindowAndRecurrentState, nn.Module):
         x = zero_padding(x, mask)
         if self.conv is None:
             return F.silu(x)
-        return zero_padding(self.conv_output(F.silu(self.conv(x))), mask)
+        return zero_padding(self.conv_output(self.conv(x, activation="silu")), mask)
 
     def _ssm_inputs(self, x: torch.Tensor):
         # x: (..., E) -> dt (..., E), B (..., N), C (..., N)

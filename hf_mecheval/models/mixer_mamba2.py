@@ -149,7 +149,7 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
         xBC = zero_padding(xBC, mask)
         if self.conv is None:
             return F.silu(xBC)
-        return self.conv_output(F.silu(self.conv(xBC)))
+        return self.conv_output(self.conv(xBC, activation="silu"))
 
     def _ssm_inputs(self, xBC: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None):
         # xBC (..., E + 2GN), dt (..., H) -> x (..., H, P), B and C (..., G, N), dt (..., H) > 0.
