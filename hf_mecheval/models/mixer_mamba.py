@@ -150,13 +150,17 @@ class MambaMixer(WindowAndRecurrentState, nn.Module):
             return y if keep is None else at_positions(y, keep)
         if keep is not None and fast:
             return self._forward_at(u, keep, mask)
-        x, z = self.in_proj(u).chunk(2, dim=-1)                               # (B, L, E) each
-        x = self._activated_x(x, mask)
         compiled = cpu_scan("mamba", self.config.kernels, u.device) if fast else None
         if compiled is not None:    # softplus, D and the gate inside the kernel
+            # x and z by a product each: contiguous, which the kernels read without a copy
+            w_x, w_z = self.in_proj.weight.chunk(2, dim=0)                     # (E, D) each
+            x = self._activated_x(F.linear(u, w_x), mask)                      # (B, L, E)
             dt_raw, B, C = self._ssm_raw_inputs(x)
-            out = self.out_proj(compiled(x, dt_raw, -torch.exp(self.A_log), B, C, self.D, z, self.dt_bias, True))
+            y = compiled(x, dt_raw, -torch.exp(self.A_log), B, C, self.D, F.linear(u, w_z), self.dt_bias, True)
+            out = self.out_proj(y)
             return out if keep is None else at_positions(out, keep)
+        x, z = self.in_proj(u).chunk(2, dim=-1)                               # (B, L, E) each
+        x = self._activated_x(x, mask)
         dt, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)                                             # (E, N)
         if fast:
