@@ -10,7 +10,10 @@ seconds.
 * ``short_conv_cpu`` (``short_conv_cpu.cpp``): the depthwise causal short convolution of
   ``ops_short_conv.short_conv`` (Mamba, Mamba-2, Hyena, BaseConv, DeltaNet, Gated DeltaNet), in
   one pass forward and one backward instead of 2K - 1 whole-tensor passes each, with its bias
-  and (``activation="silu"``, Mamba's and Mamba-2's) the SiLU after it in the same pass.
+  and (``activation="silu"``, Mamba's and Mamba-2's) the SiLU after it in the same pass;
+* ``ssd_cpu`` (``ssd_cpu.cpp``): Mamba-2's SSD (a scalar decay per head) as a scan over time,
+  what ``ops_ssd.ssd_chunked`` computes (without D), forward and backward, instead of the chunks'
+  attention form and its whole-tensor passes over (batch, heads, length, length) tensors.
 
 Where no compiler is found the mixers keep their PyTorch paths; a checkpoint's copy of the
 modeling code never imports this module (``kernels.cpu_kernel``).
@@ -40,7 +43,7 @@ from .ops_selective_scan import _row_decays, _state_major
 logger = logging.get_logger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("selective_scan_cpu.cpp", "short_conv_cpu.cpp",
-                                                            "cpu_threads.h", "cpu_vectors.h"))
+                                                            "cpu_threads.h", "cpu_vectors.h", "ssd_cpu.cpp"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC", "-std=c++17", "-pthread"]
 
 
@@ -85,7 +88,8 @@ def kernel_library() -> ctypes.CDLL | None:
         logger.warning(f"hf-mecheval: the compiled CPU kernels are unavailable ({exc}); the mixers run on their "
                        f"PyTorch paths")
         return None
-    for kernel in ("scan_forward", "scan_backward", "short_conv_forward", "short_conv_backward"):
+    for kernel in ("scan_forward", "scan_backward", "short_conv_forward", "short_conv_backward", "ssd_forward",
+                   "ssd_backward"):
         for suffix in ("f32", "f64"):
             getattr(lib, f"{kernel}_{suffix}").restype = None
     return lib
@@ -311,3 +315,75 @@ def short_conv_cpu(x, weight, bias=None, activation: str | None = None) -> torch
     compute = torch.promote_types(dtype, torch.float32)
     return CpuShortConv.apply(x.to(compute).contiguous(), weight.to(compute), None if bias is None else bias.to(compute),
                               activation == "silu").to(dtype)
+
+
+# --------------------------------------------------------------------------- Mamba-2's SSD
+# Floating-point operations the SSD scan executes per state entry (batch row, position, head, head
+# channel, state): forward h = a h + B (dt x) (3) and y += C h (2); backward the states again (3)
+# and the sum of gC's terms (2), then G = a G + C gy (3) and the terms of gB, d(dt x) and d a (6).
+SSD_FLOPS_PER_STATE = {"forward": 5, "backward": 14}
+
+
+def ssd_flops(rows: int, length: int, heads: int, head_dim: int, state: int, backward: bool = True) -> int:
+    """What one call of the compiled SSD scan computes, forward and (by default) backward: the
+    figure a FLOP count must add by hand, since the kernel runs outside torch's dispatcher."""
+    per_state = SSD_FLOPS_PER_STATE["forward"] + (SSD_FLOPS_PER_STATE["backward"] if backward else 0)
+    return per_state * rows * length * heads * head_dim * state
+
+
+class CpuSsd(torch.autograd.Function):
+    """y = ops_ssd.ssd_recurrent(x, dt, A, B, C)[0] (no D, no initial state) by the compiled scan.
+    x (B, L, H, P); dt (B, L, H); A (H,), or (B, H) one per row (the vmap rule folds stacked
+    copies into rows); B, C (B, L, G, N). Float32 or float64, on the CPU; use ``ssd_cpu``."""
+
+    @staticmethod
+    def forward(x, dt, A, B, C):
+        y = torch.empty_like(x)
+        _run_ssd("ssd_forward", [x.contiguous(), dt.contiguous(), _per_row(A, x.shape[0]), B.contiguous(),
+                                 C.contiguous(), y])
+        return y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, dt, A, B, C = ctx.saved_tensors
+        gx, gdt = torch.empty_like(x), torch.empty_like(dt)
+        gA = x.new_empty(x.shape[0], x.shape[2])                                # (B, H): one share per row
+        gB, gC = torch.empty_like(B), torch.empty_like(C)
+        _run_ssd("ssd_backward", [x.contiguous(), dt.contiguous(), _per_row(A, x.shape[0]), B.contiguous(),
+                                  C.contiguous(), gy.contiguous(), gx, gdt, gA, gB, gC])
+        return gx, gdt, gA if A.dim() == 2 else gA.sum(0), gB, gC
+
+    @staticmethod
+    def vmap(info, in_dims, x, dt, A, B, C):
+        K = info.batch_size
+        x, dt, B, C = fold_copies(K, (x, dt, B, C), (in_dims[0], in_dims[1], in_dims[3], in_dims[4]))
+        b = x.shape[0] // K                                                     # rows per copy
+        y = CpuSsd.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C)
+        return y.view(K, b, *y.shape[1:]), 0
+
+
+def _run_ssd(kernel: str, tensors: list[torch.Tensor]) -> None:
+    """Call ``kernel`` with a pointer to each tensor and (rows, L, H, P, G, N, threads). ``tensors``:
+    x (B, L, H, P) first, B (B, L, G, N) fourth."""
+    x, B = tensors[0], tensors[3]
+    rows, L, H, P = x.shape
+    G, N = B.shape[-2:]
+    fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
+    sizes = (rows, L, H, P, G, N, _threads_for(3 * rows * L * H * P * N))
+    fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+
+
+def ssd_cpu(x, dt, A, B, C) -> torch.Tensor:
+    """y (B, L, H, P) = ``ops_ssd.ssd_chunked(x, dt, A, B, C, ...)[0]`` (no D, no initial state) by
+    the compiled scan (where ``available()``). Inputs in a lower precision are scanned in float32;
+    y comes back in x's dtype."""
+    dtype = x.dtype
+    inputs = [x, dt, A, B, C]
+    if len({t.dtype for t in inputs}) > 1 or any(t.dtype.itemsize < 4 for t in inputs):   # the kernels take one dtype
+        compute = torch.float64 if all(t.dtype == torch.float64 for t in inputs) else torch.float32
+        inputs = [t.to(compute) for t in inputs]
+    return CpuSsd.apply(*inputs).to(dtype)

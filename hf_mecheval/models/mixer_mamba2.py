@@ -17,8 +17,11 @@ widths: head_dim 16 (mamba-ssm: 64), so hidden 64 (E = 128) has 8 heads; d_state
 cost grows with N only through C_t . B_s and the chunk-boundary states), and the Mamba-2 paper's
 recall experiments use N >= 64.
 
-Paths: the chunked SSD (``ssd_chunked``) for training; on the answer-only path the attention form
-at the kept position only (``ssd_at``); when the ``state`` site is observed (a hook or
+Paths: the chunked SSD (``ssd_chunked``) for training, or on a CPU, unless ``kernels`` is
+"torch", the same y by a compiled scan over time (``cpu_kernels.ssd_cpu``, ``ssd_cpu.cpp``: one
+exp per head and step, three vector operations per state entry, instead of the chunks' dozen
+whole-tensor passes over (B, H, L, L) decays and scores; tested against the reference); on the
+answer-only path the attention form at the kept position only (``ssd_at``); when the ``state`` site is observed (a hook or
 ``materialize_sites(True)``) the reference loop's state trajectory goes through the site and a
 patch is carried to later positions (``ssd_transition``); mamba-ssm's fused ``mamba_chunk_scan_combined``
 with ``kernels="auto"`` on CUDA where it is installed.
@@ -32,7 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .convolutions import ShortConv
-from .kernels import ssd_kernel, use_kernels
+from .kernels import cpu_ssd, ssd_kernel, use_kernels
 from .mixers import at_positions, zero_padding
 from .norms import GatedRMSNorm
 from .ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
@@ -182,6 +185,8 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
         elif use_kernels("mamba2", self.config.kernels, u.device):
             mamba_chunk_scan_combined = ssd_kernel()
             y = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=KERNEL_CHUNK_SIZE, D=self.D)
+        elif (compiled := cpu_ssd(self.config.kernels, u.device)) is not None:
+            y = compiled(x, dt, A, B, C) + self.D[:, None] * x                 # the scan, compiled: (B, L, H, P)
         else:
             y, _ = ssd_chunked(x, dt, A, B, C, self.chunk_size, self.D, output_final_state=False)   # (B, L, H, P)
         out = self._out(y, z)
