@@ -174,6 +174,15 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
         fast = not self.state.wanted()
         if keep is not None and fast:
             return self._forward_at(u, keep, mask)
+        if fast and not use_kernels("mamba2", self.config.kernels, u.device) and \
+                (compiled := cpu_ssd(self.config.kernels, u.device)) is not None:
+            # the scan compiled; z, xBC and dt by a product each: contiguous, so that the
+            # convolution reads xBC without a copy and the backward has no (B, L, 2E + 2GN + H) concatenation
+            w_z, w_xBC, w_dt = self.in_proj.weight.split([self.E, self.E + 2 * self.G * self.N, self.H], dim=0)
+            x, B, C, dt = self._ssm_inputs(self._activated(F.linear(u, w_xBC), mask), F.linear(u, w_dt), mask)
+            y = compiled(x, dt, -torch.exp(self.A_log), B, C) + self.D[:, None] * x    # (B, L, H, P)
+            out = self._out(y, F.linear(u, w_z))
+            return out if keep is None else at_positions(out, keep)
         z, xBC, dt = self.in_proj(u).split([self.E, self.E + 2 * self.G * self.N, self.H], dim=-1)
         x, B, C, dt = self._ssm_inputs(self._activated(xBC, mask), dt, mask)
         A = -torch.exp(self.A_log)                                            # (H,)
@@ -185,8 +194,6 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
         elif use_kernels("mamba2", self.config.kernels, u.device):
             mamba_chunk_scan_combined = ssd_kernel()
             y = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=KERNEL_CHUNK_SIZE, D=self.D)
-        elif (compiled := cpu_ssd(self.config.kernels, u.device)) is not None:
-            y = compiled(x, dt, A, B, C) + self.D[:, None] * x                 # the scan, compiled: (B, L, H, P)
         else:
             y, _ = ssd_chunked(x, dt, A, B, C, self.chunk_size, self.D, output_final_state=False)   # (B, L, H, P)
         out = self._out(y, z)
@@ -204,9 +211,9 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
     def _forward_at(self, u: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # the convolution and the SSM inputs are needed everywhere; the gate, the norm and the
         # output projection only where the output is kept
-        w_z, w_rest = self.in_proj.weight.split([self.E, self.E + 2 * self.G * self.N + self.H], dim=0)
-        xBC, dt = F.linear(u, w_rest).split([self.E + 2 * self.G * self.N, self.H], dim=-1)
-        x, B, C, dt = self._ssm_inputs(self._activated(xBC, mask), dt, mask)
+        # (xBC and dt by a product each: contiguous, so that the convolution reads xBC without a copy)
+        w_z, w_xBC, w_dt = self.in_proj.weight.split([self.E, self.E + 2 * self.G * self.N, self.H], dim=0)
+        x, B, C, dt = self._ssm_inputs(self._activated(F.linear(u, w_xBC), mask), F.linear(u, w_dt), mask)
         y = ssd_at(x, dt, -torch.exp(self.A_log), B, C, keep, self.D)        # (B, k, H, P)
         return self._out(y, F.linear(at_positions(u, keep), w_z))
 
