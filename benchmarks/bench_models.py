@@ -13,8 +13,11 @@ of our Transformer at hidden 64. ``ours-transformer-eager`` and ``-sdpa``: our T
 each ``attn_implementation`` (the default, ``ours-transformer``, is "sdpa").
 
 Beside each time: the floating-point operations of one training step (``FlopCounterMode``:
-matrix products, convolutions, attention; plus, by hand, the compiled scan, which runs outside
-torch's dispatcher: ``cpu_kernels.scan_flops``), the GFLOP/s the step achieves, and the GFLOP/s
+matrix products, convolutions, attention; plus, by hand, the compiled scans, which run outside
+torch's dispatcher: ``cpu_kernels.scan_flops`` for Mamba's, ``cpu_kernels.ssd_flops`` for
+Mamba-2's SSD, each the operations the kernel executes, which for Mamba-2 are ~3x the chunked
+form's matrix products that the PyTorch path has counted; the step's time as a multiple of the
+Transformer's is printed beside, free of that convention), the GFLOP/s the step achieves, and the GFLOP/s
 of a plain matrix product of the Transformer's MLP shape ((batch x length, hidden) @ (hidden,
 4 hidden)) timed in the same rounds at the same thread count: the machine's own rate. At hidden
 256 every architecture's GFLOP/s should be >= 70 % of our Transformer's. ``--profile NAME ...``
@@ -98,11 +101,23 @@ def time_steps(model, optimizer, data) -> list[float]:
 def step_flops(model, optimizer, batch) -> tuple[int, int]:
     """(counted, by hand): the floating-point operations of one training step on ``batch`` as
     ``FlopCounterMode`` counts them, and those it cannot see, written out by hand (the compiled
-    scans' arithmetic). The step is taken (one more AdamW update)."""
+    scans' arithmetic: Mamba's in every layer, Mamba-2's SSD in the layers that call it, counted
+    per call). The step is taken (one more AdamW update)."""
     ids, labels = batch
-    with FlopCounterMode(display=False) as counter:
-        time_steps(model, optimizer, [batch])
-    by_hand = 0
+    ssd_calls = []                                            # Mamba-2's compiled SSD: the layers that run it
+    counting = cpu_kernels.ssd_cpu
+
+    def ssd_counted(x, dt, A, B, C):
+        ssd_calls.append(cpu_kernels.ssd_flops(*x.shape, B.shape[-1]))
+        return counting(x, dt, A, B, C)
+
+    cpu_kernels.ssd_cpu = ssd_counted
+    try:
+        with FlopCounterMode(display=False) as counter:
+            time_steps(model, optimizer, [batch])
+    finally:
+        cpu_kernels.ssd_cpu = counting
+    by_hand = sum(ssd_calls)
     for module in model.modules():
         if isinstance(module, MambaMixer) and cpu_scan("mamba", module.config.kernels, ids.device) is not None:
             by_hand += cpu_kernels.scan_flops(*ids.shape, module.N, module.E)   # every position, both layers
@@ -130,13 +145,15 @@ def print_arithmetic(d: int, ms: dict[str, float], flops: dict[str, tuple[int, i
     median step achieves, as a share of the machine's matmul rate and of our Transformer's."""
     rate = {name: sum(flops[name]) / ms[name] / 1e6 for name in ms}         # GFLOP/s
     base = rate.get("ours-transformer")
-    print(f"  {'':<20} {'GFLOP/step':>10} {'by hand':>8} {'GFLOP/s':>8} {'of matmul':>9} {'of Transformer':>14}")
+    print(f"  {'':<20} {'GFLOP/step':>10} {'by hand':>8} {'GFLOP/s':>8} {'of matmul':>9} {'of Transformer':>14} "
+          f"{'step / Transformer':>18}")
     for name in ms:
         counted, by_hand = flops[name]
-        share = f"{rate[name] / base:13.0%}" if base else ""
+        share = f"{rate[name] / base:14.0%}" if base else f"{'':>14}"
+        steps = f"{ms[name] / ms['ours-transformer']:17.2f}x" if base else ""
         flag = " (< 70 %)" if base and d == 256 and name.startswith("ours-") and rate[name] < 0.7 * base else ""
         print(f"  {name:<20} {counted / 1e9:10.3f} {by_hand / 1e9:8.3f} {rate[name]:8.1f} "
-              f"{rate[name] / matmul:9.0%} {share}{flag}")
+              f"{rate[name] / matmul:9.0%} {share} {steps}{flag}")
     print(f"  {'matmul':<20} ({BATCH * LENGTH}x{d} @ {d}x{4 * d}) {matmul:8.1f} GFLOP/s (median over the rounds)")
 
 

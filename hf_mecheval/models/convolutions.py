@@ -39,7 +39,9 @@ class ShortConv(nn.Module):
     channels) layout (no transposes, as ``conv1d`` needs) with a hand-written backward that
     accumulates the taps in place (``short_conv_reference`` there is the readable form, tested
     against it); on a CPU, unless ``kernels`` is "torch", the compiled kernel that computes the
-    same (``short_conv_on``). The parameter is stored as ``weight`` of shape (channels, 1, K), like
+    same (``short_conv_on``). ``forward(x, activation="silu")`` returns silu of the convolution
+    (Mamba's and Mamba-2's), which the compiled kernel computes in the same pass, forward and
+    backward. The parameter is stored as ``weight`` of shape (channels, 1, K), like
     ``nn.Conv1d(groups=channels)``, so it is interchangeable with the kernel packages.
     """
 
@@ -60,9 +62,9 @@ class ShortConv(nn.Module):
         if self.bias is not None:
             self.bias.uniform_(-bound, bound)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (B, L, C) -> (B, L, C)
-        return short_conv_on(self.kernels, x.device)(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+        # x: (B, L, C) -> (B, L, C); activation "silu": silu of that (in the compiled kernel's pass)
+        return short_conv_on(self.kernels, x.device)(x, self.weight, self.bias, activation)
 
     def step(self, x_t: torch.Tensor, window: torch.Tensor | None):
         """x_t: (B, C); window: (B, K-1, C) previous inputs (None = zeros). Returns (y_t, window)."""

@@ -4,10 +4,16 @@ seconds.
 
 * ``selective_scan_cpu`` (``selective_scan_cpu.cpp``): Mamba's selective scan, what
   ``ops_selective_scan.selective_scan`` computes, ~4-6x faster forward and backward at Mamba's
-  sizes (``benchmarks/bench_scan.py``);
+  sizes (``benchmarks/bench_scan.py``); with mamba-ssm's options (``selective_scan_fn``'s
+  ``D``, ``z``, ``delta_bias``, ``delta_softplus``) the elementwise steps around it too:
+  out = (scan(x, softplus(dt_raw + bias), A, B, C) + D x) * silu(z);
 * ``short_conv_cpu`` (``short_conv_cpu.cpp``): the depthwise causal short convolution of
   ``ops_short_conv.short_conv`` (Mamba, Mamba-2, Hyena, BaseConv, DeltaNet, Gated DeltaNet), in
-  one pass forward and one backward instead of 2K - 1 whole-tensor passes each.
+  one pass forward and one backward instead of 2K - 1 whole-tensor passes each, with its bias
+  and (``activation="silu"``, Mamba's and Mamba-2's) the SiLU after it in the same pass;
+* ``ssd_cpu`` (``ssd_cpu.cpp``): Mamba-2's SSD (a scalar decay per head) as a scan over time,
+  what ``ops_ssd.ssd_chunked`` computes (without D), forward and backward, instead of the chunks'
+  attention form and its whole-tensor passes over (batch, heads, length, length) tensors.
 
 Where no compiler is found the mixers keep their PyTorch paths; a checkpoint's copy of the
 modeling code never imports this module (``kernels.cpu_kernel``).
@@ -32,12 +38,12 @@ import torch
 from transformers.utils import logging
 
 from .mixers import fold_copies
-from .ops_selective_scan import _row_decays, _state_major, in_scan_precision
+from .ops_selective_scan import _row_decays, _state_major
 
 logger = logging.get_logger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("selective_scan_cpu.cpp", "short_conv_cpu.cpp",
-                                                            "cpu_threads.h"))
+                                                            "cpu_threads.h", "cpu_vectors.h", "ssd_cpu.cpp"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC", "-std=c++17", "-pthread"]
 
 
@@ -82,7 +88,8 @@ def kernel_library() -> ctypes.CDLL | None:
         logger.warning(f"hf-mecheval: the compiled CPU kernels are unavailable ({exc}); the mixers run on their "
                        f"PyTorch paths")
         return None
-    for kernel in ("scan_forward", "scan_backward", "short_conv_forward", "short_conv_backward"):
+    for kernel in ("scan_forward", "scan_backward", "short_conv_forward", "short_conv_backward", "ssd_forward",
+                   "ssd_backward"):
         for suffix in ("f32", "f64"):
             getattr(lib, f"{kernel}_{suffix}").restype = None
     return lib
@@ -114,21 +121,27 @@ def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
-def scan_forward(x, dt, A_ne, Bm, C) -> torch.Tensor:
-    """y (B, L, E). x, dt: (B, L, E); A_ne: (N, E) or (B, N, E); Bm, C: (B, L, N); all contiguous,
-    of one dtype (float32 or float64), on the CPU."""
-    y = torch.empty_like(x)
-    _run_rows("scan_forward", [x, dt, A_ne, Bm, C, y])
-    return y
+def scan_forward(x, dt, A_ne, Bm, C, D_rows=None, z=None, bias_rows=None, softplus=False) -> torch.Tensor:
+    """out (B, L, E). x, dt (dt_raw), z: (B, L, E); A_ne: (N, E) or (B, N, E); Bm, C: (B, L, N);
+    D_rows, bias_rows: (B, E); all contiguous, of one dtype (float32 or float64), on the CPU. None
+    turns that option off (``selective_scan_cpu.cpp``)."""
+    out = torch.empty_like(x)
+    _run_rows("scan_forward", [x, dt, A_ne, Bm, C, D_rows, z, bias_rows, out], softplus)
+    return out
 
 
-def scan_backward(x, dt, A_ne, Bm, C, gy):
-    """(gx, gdt, gA per row (B, N, E), gB, gC): the gradients of sum(gy * y), same layouts."""
+def scan_backward(x, dt, A_ne, Bm, C, D_rows, z, bias_rows, softplus, gout):
+    """(gx, gdt (of dt_raw), gA per row (B, N, E), gB, gC, gD per row (B, E) or None, gz or None,
+    gbias per row (B, E) or None): the gradients of sum(gout * out), same layouts."""
     gx, gdt = torch.empty_like(x), torch.empty_like(x)
     gA = x.new_empty(x.shape[0], *A_ne.shape[-2:])
     gB, gC = torch.empty_like(Bm), torch.empty_like(C)
-    _run_rows("scan_backward", [x, dt, A_ne, Bm, C, gy, gx, gdt, gA, gB, gC])
-    return gx, gdt, gA, gB, gC
+    gD = None if D_rows is None else torch.empty_like(D_rows)
+    gz = None if z is None else torch.empty_like(z)
+    gbias = None if bias_rows is None else torch.empty_like(bias_rows)
+    _run_rows("scan_backward", [x, dt, A_ne, Bm, C, D_rows, z, bias_rows, gout, gx, gdt, gA, gB, gC, gD, gz, gbias],
+              softplus)
+    return gx, gdt, gA, gB, gC, gD, gz, gbias
 
 
 # Operations a thread of a kernel call should have at least: a thread costs tens of microseconds to
@@ -142,95 +155,134 @@ def _threads_for(work: int) -> int:
     return max(1, min(torch.get_num_threads(), work // WORK_PER_THREAD))
 
 
-def _run_rows(kernel: str, tensors: list[torch.Tensor]) -> None:
-    """Call ``kernel`` (of x's dtype) with a pointer to each tensor and (rows, L, N, E, A per row,
-    threads): the kernels' calling convention. ``tensors`` has x (B, L, E) first and A (N, E) or
-    (B, N, E) third; every other tensor has one row per batch row. The kernel splits the rows
-    between as many threads as torch uses (``_threads_for``; ctypes releases the GIL during the call)."""
+def _run_rows(kernel: str, tensors: list, softplus: bool) -> None:
+    """Call ``kernel`` (of x's dtype) with a pointer to each tensor (null for None) and (rows, L, N,
+    E, A per row, softplus, threads): the kernels' calling convention. ``tensors`` has x (B, L, E)
+    first and A (N, E) or (B, N, E) third; every other tensor has one row per batch row. The kernel
+    splits the rows between as many threads as torch uses (``_threads_for``; ctypes releases the
+    GIL during the call)."""
     x, A_ne = tensors[0], tensors[2]
     rows, L, E = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     N = A_ne.shape[-2]
     threads = _threads_for(SCAN_FLOPS_PER_STATE["forward"] * rows * L * N * E)
-    sizes = (rows, L, N, E, int(A_ne.dim() == 3), threads)
-    fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+    sizes = (rows, L, N, E, int(A_ne.dim() == 3), int(softplus), threads)
+    fn(*(ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
 
 
 class CpuSelectiveScan(torch.autograd.Function):
-    """y = selective_scan_reference(x, dt, A, B, C)[0] by the compiled C++ kernel: forward keeps
-    nothing but its inputs; backward recomputes each row's states in cache. A is (E, N), or
-    (B, E, N) one per row (the vmap rule folds stacked copies into rows, as ``SelectiveScan``'s).
-    Float32 or float64, on the CPU; use ``selective_scan_cpu``."""
+    """The compiled C++ kernel: out = y * silu(z), y = selective_scan_reference(x, dt, A, B, C)[0]
+    + D * x, with dt = softplus(dt_raw + delta_bias) (``delta_softplus``) or dt_raw + delta_bias,
+    as mamba-ssm's ``selective_scan_fn`` takes them; D, z, delta_bias None = left out. Forward keeps
+    nothing but its inputs; backward recomputes each row's states in cache. A is (E, N), or (B, E, N)
+    one per row; D, delta_bias (E,), or (B, E) one per row (the vmap rule folds stacked copies into
+    rows, as ``SelectiveScan``'s). Float32 or float64, on the CPU; ``apply`` takes all nine arguments
+    (use ``selective_scan_cpu``)."""
 
     @staticmethod
-    def forward(x, dt, A, B, C):
-        # x, dt: (B, L, E); A: (E, N) or (B, E, N); B, C: (B, L, N) -> y (B, L, E)
-        return scan_forward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous())
+    def forward(x, dt, A, B, C, D, z, delta_bias, delta_softplus):
+        # x, dt, z: (B, L, E); A: (E, N) or (B, E, N); B, C: (B, L, N); D, delta_bias: (E,) or (B, E)
+        rows = x.shape[0]
+        return scan_forward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous(),
+                            _per_row(D, rows), None if z is None else z.contiguous(), _per_row(delta_bias, rows),
+                            delta_softplus)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        x, dt, A, B, C, D, z, delta_bias, delta_softplus = inputs
+        ctx.save_for_backward(x, dt, A, B, C, D, z, delta_bias)
+        ctx.delta_softplus = delta_softplus
 
     @staticmethod
-    def backward(ctx, gy):
-        x, dt, A, B, C = ctx.saved_tensors
-        gx, gdt, gA, gB, gC = scan_backward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(),
-                                            C.contiguous(), gy.contiguous())
+    def backward(ctx, gout):
+        x, dt, A, B, C, D, z, delta_bias = ctx.saved_tensors
+        rows = x.shape[0]
+        gx, gdt, gA, gB, gC, gD, gz, gbias = scan_backward(
+            x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous(), _per_row(D, rows),
+            None if z is None else z.contiguous(), _per_row(delta_bias, rows), ctx.delta_softplus, gout.contiguous())
         gA = gA.transpose(1, 2) if A.dim() == 3 else gA.sum(0).T            # (B, E, N) or (E, N)
-        return gx, gdt, gA, gB, gC
+        gD = None if D is None else gD if D.dim() == 2 else gD.sum(0)
+        gbias = None if delta_bias is None else gbias if delta_bias.dim() == 2 else gbias.sum(0)
+        return gx, gdt, gA, gB, gC, gD, gz, gbias, None
 
     @staticmethod
-    def vmap(info, in_dims, x, dt, A, B, C):
+    def vmap(info, in_dims, x, dt, A, B, C, D, z, delta_bias, delta_softplus):
         K = info.batch_size
-        x, dt, B, C = fold_copies(K, (x, dt, B, C), (in_dims[0], in_dims[1], in_dims[3], in_dims[4]))
+        dims = in_dims
+        x, dt, B, C = fold_copies(K, (x, dt, B, C), (dims[0], dims[1], dims[3], dims[4]))
         b = x.shape[0] // K                                                     # rows per copy
-        y = CpuSelectiveScan.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C)
+        if z is not None:
+            (z,) = fold_copies(K, (z,), (dims[6],))
+        D, delta_bias = (None if p is None else _row_decays(p, d, K, b) for p, d in ((D, dims[5]), (delta_bias, dims[7])))
+        y = CpuSelectiveScan.apply(x, dt, _row_decays(A, dims[2], K, b), B, C, D, z, delta_bias, delta_softplus)
         return y.view(K, b, *y.shape[1:]), 0
 
 
-def selective_scan_cpu(x, dt, A, B, C) -> torch.Tensor:
-    """y (B, L, E), as ``selective_scan``, by the compiled kernel (where ``available()``).
-    Inputs in a lower precision are scanned in float32; y comes back in x's dtype."""
+def _per_row(p: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """A per-channel parameter (E,) -> (rows, E), contiguous: the kernel reads one per row."""
+    return None if p is None else p.expand(rows, p.shape[-1]).contiguous()
+
+
+def selective_scan_cpu(x, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False) -> torch.Tensor:
+    """out (B, L, E), as ``selective_scan`` (followed by the options: ``CpuSelectiveScan``), by the
+    compiled kernel (where ``available()``). Inputs in a lower precision are scanned in float32;
+    out comes back in x's dtype."""
     dtype = x.dtype
-    inputs = in_scan_precision((x, dt, A, B, C))
-    if len({t.dtype for t in inputs}) > 1:          # the kernels take one dtype
-        inputs = tuple(t.float() for t in inputs)
-    return CpuSelectiveScan.apply(*inputs).to(dtype)
+    given = [t for t in (x, dt, A, B, C, D, z, delta_bias) if t is not None]
+    inputs = [x, dt, A, B, C, D, z, delta_bias]
+    if len({t.dtype for t in given}) > 1 or any(t.dtype.itemsize < 4 for t in given):   # the kernels take one dtype
+        compute = torch.float64 if all(t.dtype == torch.float64 for t in given) else torch.float32
+        inputs = [None if t is None else t.to(compute) for t in inputs]
+    return CpuSelectiveScan.apply(*inputs, delta_softplus).to(dtype)
 
 
 # --------------------------------------------------------------------------- the short convolution
 class CpuShortConv(torch.autograd.Function):
-    """y = ops_short_conv.short_conv_reference(x, weight) (no bias) by the compiled kernel. x
-    (B, L, C); weight (C, 1, K), or (B, C, 1, K) one per row (the vmap rule folds stacked copies
-    into rows). Float32 or float64, on the CPU; use ``short_conv_cpu``."""
+    """y = ops_short_conv.short_conv_reference(x, weight, bias), followed by SiLU where ``silu``
+    (as causal-conv1d's activation="silu"), by the compiled kernel. x (B, L, C); weight (C, 1, K)
+    and bias (C,) or None, or (B, C, 1, K) and (B, C) one per row (the vmap rule folds stacked
+    copies into rows). Float32 or float64, on the CPU; ``apply`` takes all four arguments (use
+    ``short_conv_cpu``)."""
 
     @staticmethod
-    def forward(x, weight):
+    def forward(x, weight, bias, silu):
         y = torch.empty_like(x)
-        _run_conv("short_conv_forward", [x, _taps_major(weight), y], weight.dim() == 4)
+        _run_conv("short_conv_forward", [x, _taps_major(weight), _contiguous(bias), y], weight.dim() == 4, silu)
         return y
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        x, weight, bias, silu = inputs
+        ctx.save_for_backward(x, weight, bias)
+        ctx.silu = silu
 
     @staticmethod
     def backward(ctx, g):
-        x, weight = ctx.saved_tensors
+        x, weight, bias = ctx.saved_tensors
         gx = torch.empty_like(x)
         gw = x.new_empty(x.shape[0], weight.shape[-1], x.shape[-1])                # (B, K, C): one share per row
-        _run_conv("short_conv_backward", [x, _taps_major(weight), g.contiguous(), gx, gw], weight.dim() == 4)
-        gw = gw.transpose(1, 2)[:, :, None, :] if weight.dim() == 4 else gw.sum(0).T[:, None, :]
-        return gx, gw
+        gbias = None if bias is None else x.new_empty(x.shape[0], x.shape[-1])    # (B, C)
+        _run_conv("short_conv_backward", [x, _taps_major(weight), _contiguous(bias), g.contiguous(), gx, gw, gbias],
+                  weight.dim() == 4, ctx.silu)
+        per_row = weight.dim() == 4
+        gw = gw.transpose(1, 2)[:, :, None, :] if per_row else gw.sum(0).T[:, None, :]
+        if gbias is not None and not per_row:
+            gbias = gbias.sum(0)
+        return gx, gw, gbias, None
 
     @staticmethod
-    def vmap(info, in_dims, x, weight):
+    def vmap(info, in_dims, x, weight, bias, silu):
         K = info.batch_size
         (x,) = fold_copies(K, (x,), (in_dims[0],))
         b = x.shape[0] // K                                                     # rows per copy
         w = weight.movedim(in_dims[1], 0) if in_dims[1] is not None else weight.expand(K, *weight.shape)
-        y = CpuShortConv.apply(x, w.repeat_interleave(b, dim=0))
+        bias = None if bias is None else _row_decays(bias, in_dims[2], K, b)    # (K*b, C)
+        y = CpuShortConv.apply(x, w.repeat_interleave(b, dim=0), bias, silu)
         return y.view(K, b, *y.shape[1:]), 0
+
+
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
 
 
 def _taps_major(weight: torch.Tensor) -> torch.Tensor:
@@ -239,22 +291,99 @@ def _taps_major(weight: torch.Tensor) -> torch.Tensor:
     return weight[..., 0, :].transpose(-1, -2).contiguous()
 
 
-def _run_conv(kernel: str, tensors: list[torch.Tensor], per_row: bool) -> None:
-    """Call ``kernel`` with a pointer to each tensor and (rows, L, C, K, weight per row, threads).
-    ``tensors``: x (B, L, C) first, the weight (K, C) or (B, K, C) second."""
+def _run_conv(kernel: str, tensors: list, per_row: bool, silu: bool) -> None:
+    """Call ``kernel`` with a pointer to each tensor (null for None) and (rows, L, C, K, weight per
+    row, silu, threads). ``tensors``: x (B, L, C) first, the weight (K, C) or (B, K, C) second."""
     x, w = tensors[0], tensors[1]
     rows, L, C = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     K = w.shape[-2]
-    sizes = (rows, L, C, K, int(per_row), _threads_for(2 * rows * L * C * K))
+    sizes = (rows, L, C, K, int(per_row), int(silu), _threads_for(2 * rows * L * C * K))
+    fn(*(ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+
+
+def short_conv_cpu(x, weight, bias=None, activation: str | None = None) -> torch.Tensor:
+    """``ops_short_conv.short_conv(x, weight, bias, activation)`` by the compiled kernel (where
+    ``available()``): the bias and ``activation="silu"`` in the kernel. Inputs in a lower precision
+    are convolved in float32; y comes back in the dtype the PyTorch form gives (x's, the weight's
+    and the bias's, promoted)."""
+    if activation not in (None, "silu"):
+        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+    dtype = torch.promote_types(x.dtype, weight.dtype)                    # as the PyTorch form's x * w
+    if bias is not None:
+        dtype = torch.promote_types(dtype, bias.dtype)
+    compute = torch.promote_types(dtype, torch.float32)
+    return CpuShortConv.apply(x.to(compute).contiguous(), weight.to(compute), None if bias is None else bias.to(compute),
+                              activation == "silu").to(dtype)
+
+
+# --------------------------------------------------------------------------- Mamba-2's SSD
+# Floating-point operations the SSD scan executes per state entry (batch row, position, head, head
+# channel, state): forward h = a h + B (dt x) (3) and y += C h (2); backward the states again (3)
+# and the sum of gC's terms (2), then G = a G + C gy (3) and the terms of gB, d(dt x) and d a (6).
+SSD_FLOPS_PER_STATE = {"forward": 5, "backward": 14}
+
+
+def ssd_flops(rows: int, length: int, heads: int, head_dim: int, state: int, backward: bool = True) -> int:
+    """What one call of the compiled SSD scan computes, forward and (by default) backward: the
+    figure a FLOP count must add by hand, since the kernel runs outside torch's dispatcher."""
+    per_state = SSD_FLOPS_PER_STATE["forward"] + (SSD_FLOPS_PER_STATE["backward"] if backward else 0)
+    return per_state * rows * length * heads * head_dim * state
+
+
+class CpuSsd(torch.autograd.Function):
+    """y = ops_ssd.ssd_recurrent(x, dt, A, B, C)[0] (no D, no initial state) by the compiled scan.
+    x (B, L, H, P); dt (B, L, H); A (H,), or (B, H) one per row (the vmap rule folds stacked
+    copies into rows); B, C (B, L, G, N). Float32 or float64, on the CPU; use ``ssd_cpu``."""
+
+    @staticmethod
+    def forward(x, dt, A, B, C):
+        y = torch.empty_like(x)
+        _run_ssd("ssd_forward", [x.contiguous(), dt.contiguous(), _per_row(A, x.shape[0]), B.contiguous(),
+                                 C.contiguous(), y])
+        return y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, dt, A, B, C = ctx.saved_tensors
+        gx, gdt = torch.empty_like(x), torch.empty_like(dt)
+        gA = x.new_empty(x.shape[0], x.shape[2])                                # (B, H): one share per row
+        gB, gC = torch.empty_like(B), torch.empty_like(C)
+        _run_ssd("ssd_backward", [x.contiguous(), dt.contiguous(), _per_row(A, x.shape[0]), B.contiguous(),
+                                  C.contiguous(), gy.contiguous(), gx, gdt, gA, gB, gC])
+        return gx, gdt, gA if A.dim() == 2 else gA.sum(0), gB, gC
+
+    @staticmethod
+    def vmap(info, in_dims, x, dt, A, B, C):
+        K = info.batch_size
+        x, dt, B, C = fold_copies(K, (x, dt, B, C), (in_dims[0], in_dims[1], in_dims[3], in_dims[4]))
+        b = x.shape[0] // K                                                     # rows per copy
+        y = CpuSsd.apply(x, dt, _row_decays(A, in_dims[2], K, b), B, C)
+        return y.view(K, b, *y.shape[1:]), 0
+
+
+def _run_ssd(kernel: str, tensors: list[torch.Tensor]) -> None:
+    """Call ``kernel`` with a pointer to each tensor and (rows, L, H, P, G, N, threads). ``tensors``:
+    x (B, L, H, P) first, B (B, L, G, N) fourth."""
+    x, B = tensors[0], tensors[3]
+    rows, L, H, P = x.shape
+    G, N = B.shape[-2:]
+    fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
+    sizes = (rows, L, H, P, G, N, _threads_for(3 * rows * L * H * P * N))
     fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
 
 
-def short_conv_cpu(x, weight, bias=None) -> torch.Tensor:
-    """``ops_short_conv.short_conv(x, weight, bias)`` by the compiled kernel (where ``available()``).
-    Inputs in a lower precision are convolved in float32; y comes back in the dtype the PyTorch
-    form gives (x's and the weight's, promoted)."""
-    dtype = torch.promote_types(x.dtype, weight.dtype)                    # as the PyTorch form's x * w
-    compute = torch.promote_types(dtype, torch.float32)
-    y = CpuShortConv.apply(x.to(compute).contiguous(), weight.to(compute)).to(dtype)
-    return y if bias is None else y + bias
+def ssd_cpu(x, dt, A, B, C) -> torch.Tensor:
+    """y (B, L, H, P) = ``ops_ssd.ssd_chunked(x, dt, A, B, C, ...)[0]`` (no D, no initial state) by
+    the compiled scan (where ``available()``). Inputs in a lower precision are scanned in float32;
+    y comes back in x's dtype."""
+    dtype = x.dtype
+    inputs = [x, dt, A, B, C]
+    if len({t.dtype for t in inputs}) > 1 or any(t.dtype.itemsize < 4 for t in inputs):   # the kernels take one dtype
+        compute = torch.float64 if all(t.dtype == torch.float64 for t in inputs) else torch.float32
+        inputs = [t.to(compute) for t in inputs]
+    return CpuSsd.apply(*inputs).to(dtype)

@@ -62,6 +62,12 @@ def cpu_short_conv(mode: str, device: torch.device):
     return cpu_kernel("short_conv_cpu", "the short convolution", mode, device)
 
 
+def cpu_ssd(mode: str, device: torch.device):
+    """The compiled CPU scan of Mamba-2's SSD (``cpu_kernels.ssd_cpu``: ``ops_ssd.ssd_chunked``'s y
+    without D and initial state) where it should run under ``mode``, else None."""
+    return cpu_kernel("ssd_cpu", "Mamba-2's SSD", mode, device)
+
+
 def cpu_kernel(name: str, what: str, mode: str, device: torch.device):
     """``cpu_kernels.<name>`` where a compiled CPU kernel should run under ``mode`` (any but
     "torch", on a CPU, where the kernels build), else None. Imported by name: transformers copies

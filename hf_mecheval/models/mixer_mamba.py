@@ -8,13 +8,19 @@
 
 The scan (``ops_selective_scan.py``) runs on a CPU as a compiled C++ loop over time per row
 (``selective_scan_cpu.cpp``, ~4-6x faster than the PyTorch form) where a C++ compiler is present
-and ``kernels`` is not ``"torch"``; otherwise as a custom autograd function with hand-written
-forward and backward loops over time, in place on reused buffers (no per-step autograd graph),
-the fastest PyTorch form on a CPU at these lengths. The ``state`` site is computed only when someone listens (a hook,
+and ``kernels`` is not ``"torch"``; that kernel also takes in the elementwise steps around the
+scan, as mamba-ssm's ``selective_scan_fn`` does on a GPU: the step size's bias and softplus
+(it is given dt_proj's output, (B, L, E)), ``+ D * x`` and, on the full path, the gate
+``* silu(z)`` (z: (B, L, E)), forward and backward, each a whole-tensor pass fewer. Otherwise the
+scan runs as a custom autograd function with hand-written forward and backward loops over time,
+in place on reused buffers (no per-step autograd graph), the fastest PyTorch form on a CPU at
+these lengths, with those steps written out in PyTorch (the readable form the kernel is tested
+against). The ``state`` site is computed only when someone listens (a hook,
 or ``materialize_sites(True)``): then the state trajectory goes through the Site, where a patch
 is carried to later positions (``LinearScan`` and ``through_state_site``). On the
 answer-only training path the last layer needs y at the answer only, which in PyTorch has a
-closed form (``SelectiveScanAt``); the C++ scan computes every position and is still faster.
+closed form (``SelectiveScanAt``); the C++ scan computes every position (with softplus and D;
+the gate and out_proj at the answer only) and is still faster.
 """
 from __future__ import annotations
 
@@ -121,12 +127,17 @@ class MambaMixer(WindowAndRecurrentState, nn.Module):
         x = zero_padding(x, mask)
         if self.conv is None:
             return F.silu(x)
-        return zero_padding(self.conv_output(F.silu(self.conv(x))), mask)
+        return zero_padding(self.conv_output(self.conv(x, activation="silu")), mask)
 
     def _ssm_inputs(self, x: torch.Tensor):
         # x: (..., E) -> dt (..., E), B (..., N), C (..., N)
+        dt_raw, B, C = self._ssm_raw_inputs(x)
+        return F.softplus(dt_raw + self.dt_bias), B, C
+
+    def _ssm_raw_inputs(self, x: torch.Tensor):
+        # x: (..., E) -> dt_raw (..., E) (before the bias and softplus), B (..., N), C (..., N)
         dt, B, C = self.x_proj(x).split([self.R, self.N, self.N], dim=-1)
-        return F.softplus(self.dt_proj(dt) + self.dt_bias), B, C
+        return self.dt_proj(dt), B, C
 
     accepts_keep = True
 
@@ -139,12 +150,21 @@ class MambaMixer(WindowAndRecurrentState, nn.Module):
             return y if keep is None else at_positions(y, keep)
         if keep is not None and fast:
             return self._forward_at(u, keep, mask)
+        compiled = cpu_scan("mamba", self.config.kernels, u.device) if fast else None
+        if compiled is not None:    # softplus, D and the gate inside the kernel
+            # x and z by a product each: contiguous, which the kernels read without a copy
+            w_x, w_z = self.in_proj.weight.chunk(2, dim=0)                     # (E, D) each
+            x = self._activated_x(F.linear(u, w_x), mask)                      # (B, L, E)
+            dt_raw, B, C = self._ssm_raw_inputs(x)
+            y = compiled(x, dt_raw, -torch.exp(self.A_log), B, C, self.D, F.linear(u, w_z), self.dt_bias, True)
+            out = self.out_proj(y)
+            return out if keep is None else at_positions(out, keep)
         x, z = self.in_proj(u).chunk(2, dim=-1)                               # (B, L, E) each
         x = self._activated_x(x, mask)
         dt, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)                                             # (E, N)
         if fast:
-            y = self._scan(x, dt, A, B, C)                                     # (B, L, E)
+            y = selective_scan(x, dt, A, B, C, self._workspace)                # (B, L, E)
         else:  # the state trajectory goes through its Site, where it may be read or patched
             dA = torch.exp(dt[..., None] * A)                                  # (B, L, E, N)
             H = linear_scan(dA, (dt * x)[..., None] * B[:, :, None, :])
@@ -170,21 +190,15 @@ class MambaMixer(WindowAndRecurrentState, nn.Module):
         w_x, w_z = self.in_proj.weight.chunk(2, dim=0)                         # (E, D) each
         x = self._activated_x(F.linear(u, w_x), mask)                          # (B, L, E)
         z = F.linear(at_positions(u, keep), w_z)                               # (B, k, E)
-        dt, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)                                             # (E, N)
         compiled = cpu_scan("mamba", self.config.kernels, u.device)
-        if compiled is not None:
-            y = at_positions(compiled(x, dt, A, B, C), keep)                   # (B, k, E)
-        else:
-            y = selective_scan_at(x, dt, A, B, C, keep, self._workspace)      # (B, k, E)
+        if compiled is not None:    # softplus and D inside the kernel, which computes every position
+            dt_raw, B, C = self._ssm_raw_inputs(x)
+            y = at_positions(compiled(x, dt_raw, A, B, C, self.D, None, self.dt_bias, True), keep)   # (B, k, E)
+            return self.out_proj(y * F.silu(z))
+        dt, B, C = self._ssm_inputs(x)
+        y = selective_scan_at(x, dt, A, B, C, keep, self._workspace)          # (B, k, E)
         return self.out_proj((y + self.D * at_positions(x, keep)) * F.silu(z))
-
-    def _scan(self, x, dt, A, B, C) -> torch.Tensor:
-        """y (B, L, E) of the scan, by the compiled CPU kernel where it runs, else in PyTorch."""
-        compiled = cpu_scan("mamba", self.config.kernels, x.device)
-        if compiled is not None:
-            return compiled(x, dt, A, B, C)
-        return selective_scan(x, dt, A, B, C, self._workspace)
 
     def _forward_cuda(self, u: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         selective_scan_fn, causal_conv1d_fn = mamba_kernels()

@@ -17,8 +17,11 @@ widths: head_dim 16 (mamba-ssm: 64), so hidden 64 (E = 128) has 8 heads; d_state
 cost grows with N only through C_t . B_s and the chunk-boundary states), and the Mamba-2 paper's
 recall experiments use N >= 64.
 
-Paths: the chunked SSD (``ssd_chunked``) for training; on the answer-only path the attention form
-at the kept position only (``ssd_at``); when the ``state`` site is observed (a hook or
+Paths: the chunked SSD (``ssd_chunked``) for training, or on a CPU, unless ``kernels`` is
+"torch", the same y by a compiled scan over time (``cpu_kernels.ssd_cpu``, ``ssd_cpu.cpp``: one
+exp per head and step, three vector operations per state entry, instead of the chunks' dozen
+whole-tensor passes over (B, H, L, L) decays and scores; tested against the reference); on the
+answer-only path the attention form at the kept position only (``ssd_at``); when the ``state`` site is observed (a hook or
 ``materialize_sites(True)``) the reference loop's state trajectory goes through the site and a
 patch is carried to later positions (``ssd_transition``); mamba-ssm's fused ``mamba_chunk_scan_combined``
 with ``kernels="auto"`` on CUDA where it is installed.
@@ -32,7 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .convolutions import ShortConv
-from .kernels import ssd_kernel, use_kernels
+from .kernels import cpu_ssd, ssd_kernel, use_kernels
 from .mixers import at_positions, zero_padding
 from .norms import GatedRMSNorm
 from .ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
@@ -149,7 +152,7 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
         xBC = zero_padding(xBC, mask)
         if self.conv is None:
             return F.silu(xBC)
-        return self.conv_output(F.silu(self.conv(xBC)))
+        return self.conv_output(self.conv(xBC, activation="silu"))
 
     def _ssm_inputs(self, xBC: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None):
         # xBC (..., E + 2GN), dt (..., H) -> x (..., H, P), B and C (..., G, N), dt (..., H) > 0.
@@ -171,6 +174,15 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
         fast = not self.state.wanted()
         if keep is not None and fast:
             return self._forward_at(u, keep, mask)
+        if fast and not use_kernels("mamba2", self.config.kernels, u.device) and \
+                (compiled := cpu_ssd(self.config.kernels, u.device)) is not None:
+            # the scan compiled; z, xBC and dt by a product each: contiguous, so that the
+            # convolution reads xBC without a copy and the backward has no (B, L, 2E + 2GN + H) concatenation
+            w_z, w_xBC, w_dt = self.in_proj.weight.split([self.E, self.E + 2 * self.G * self.N, self.H], dim=0)
+            x, B, C, dt = self._ssm_inputs(self._activated(F.linear(u, w_xBC), mask), F.linear(u, w_dt), mask)
+            y = compiled(x, dt, -torch.exp(self.A_log), B, C) + self.D[:, None] * x    # (B, L, H, P)
+            out = self._out(y, F.linear(u, w_z))
+            return out if keep is None else at_positions(out, keep)
         z, xBC, dt = self.in_proj(u).split([self.E, self.E + 2 * self.G * self.N, self.H], dim=-1)
         x, B, C, dt = self._ssm_inputs(self._activated(xBC, mask), dt, mask)
         A = -torch.exp(self.A_log)                                            # (H,)
@@ -199,9 +211,9 @@ class Mamba2Mixer(WindowAndRecurrentState, nn.Module):
     def _forward_at(self, u: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # the convolution and the SSM inputs are needed everywhere; the gate, the norm and the
         # output projection only where the output is kept
-        w_z, w_rest = self.in_proj.weight.split([self.E, self.E + 2 * self.G * self.N + self.H], dim=0)
-        xBC, dt = F.linear(u, w_rest).split([self.E + 2 * self.G * self.N, self.H], dim=-1)
-        x, B, C, dt = self._ssm_inputs(self._activated(xBC, mask), dt, mask)
+        # (xBC and dt by a product each: contiguous, so that the convolution reads xBC without a copy)
+        w_z, w_xBC, w_dt = self.in_proj.weight.split([self.E, self.E + 2 * self.G * self.N, self.H], dim=0)
+        x, B, C, dt = self._ssm_inputs(self._activated(F.linear(u, w_xBC), mask), F.linear(u, w_dt), mask)
         y = ssd_at(x, dt, -torch.exp(self.A_log), B, C, keep, self.D)        # (B, k, H, P)
         return self._out(y, F.linear(at_positions(u, keep), w_z))
 

@@ -13,7 +13,8 @@
 
 Gated DeltaNet runs its three convolutions (q, k, v) as one call over the concatenated channels.
 Shapes: x (batch, L, C); weight (C, 1, K) as ``nn.Conv1d(groups=C)`` and ``ShortConv`` store it;
-bias (C,) or None.
+bias (C,) or None. ``activation="silu"`` applies SiLU after the bias (Mamba's and Mamba-2's
+convolutions; the compiled CPU kernel does it in the same pass).
 """
 from __future__ import annotations
 
@@ -72,7 +73,12 @@ class ShortConvFunction(torch.autograd.Function):
         return grad_x, grad_w
 
 
-def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The fast form (same result as ``short_conv_reference``)."""
+def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               activation: str | None = None) -> torch.Tensor:
+    """The fast form (same result as ``short_conv_reference``), followed by SiLU where
+    ``activation="silu"`` (what the compiled kernel takes into its pass)."""
+    if activation not in (None, "silu"):
+        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
     y = ShortConvFunction.apply(x, weight)
-    return y if bias is None else y + bias
+    y = y if bias is None else y + bias
+    return F.silu(y) if activation == "silu" else y

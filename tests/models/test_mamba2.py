@@ -173,3 +173,95 @@ def test_initialisation_follows_mamba_ssm():
     assert ((dt >= 1e-3 - 1e-9) & (dt <= 0.1 + 1e-9)).all()
     assert m.in_proj.out_features == 2 * 128 + 2 * 4 + 8 and m.in_proj.bias is None
     assert m.conv.bias is not None and m.out_proj.bias is None
+
+
+# ------------------------------------------------------------------- the compiled scan (CPU)
+from hf_mecheval.models import build_model, cpu_kernels  # noqa: E402
+from hf_mecheval.models.kernels import cpu_ssd  # noqa: E402
+
+needs_compiler = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
+
+
+def _values_and_gradients(fn, tensors, w):
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    y = fn(*leaves)
+    return y, torch.autograd.grad((y * w.to(y.dtype)).sum(), leaves)
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape", [dict(H=4, P=3, G=2, N=5), dict(H=9, P=20, G=3, N=4), dict(H=8, P=16, G=1, N=7)],
+                         ids=["partial-block", "two-blocks-odd-heads", "four-heads-at-once"])
+def test_compiled_ssd_matches_the_reference(shape):
+    # the compiled scan (no D) against the loop over time and the chunked form: values and the
+    # gradients of x, dt, A, B, C in float64, to 1e-12 / 1e-10 of each tensor's largest entry (the
+    # same sums in another order); gradcheck. Shapes: a head narrower than a vector (3 of 16
+    # lanes), heads of 20 channels (a full and a partial block) in groups of 3, and 8 heads of one
+    # group (the backward's passes of four heads at once)
+    x, dt, A, B, C, _ = _inputs(b=2, L=9, seed=3, **shape)
+    assert torch.autograd.gradcheck(cpu_kernels.ssd_cpu, [t[:, :4].clone().requires_grad_() if t.dim() > 1 else
+                                                          t.clone().requires_grad_() for t in (x, dt, A, B, C)])
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=f64)
+    y, grads = _values_and_gradients(cpu_kernels.ssd_cpu, (x, dt, A, B, C), w)
+    for reference in (lambda *t: ssd_recurrent(*t)[0], lambda *t: ssd_chunked(*t, chunk_size=4)[0]):
+        y_ref, grads_ref = _values_and_gradients(reference, (x, dt, A, B, C), w)
+        assert (y - y_ref).abs().max() <= 1e-12 * y_ref.abs().max()
+        for got, want in zip(grads, grads_ref):
+            assert (got - want).abs().max() <= 1e-10 * want.abs().max()
+
+
+@needs_compiler
+def test_compiled_ssd_in_float32_at_width_256():
+    # Mamba-2's layer at width 256 (32 heads of 16 channels, state 64, one group), length 37, in
+    # float32 against the float64 reference: to 1e-5 of each tensor's largest entry (float32's
+    # rounding step is 6e-8; sums over 37 steps and 64 state entries, and over 32 heads and 16
+    # channels for B's and C's gradients, gather up to a few hundred)
+    x, dt, A, B, C, _ = _inputs(b=2, L=37, H=32, P=16, G=1, N=64, seed=5)
+    dt = dt * 0.1
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(6), dtype=f64)
+    y32, grads32 = _values_and_gradients(cpu_kernels.ssd_cpu, [t.float() for t in (x, dt, A, B, C)], w)
+    y64, grads64 = _values_and_gradients(lambda *t: ssd_recurrent(*t)[0], (x, dt, A, B, C), w)
+    assert y32.dtype == torch.float32
+    assert (y32.double() - y64).abs().max() <= 1e-5 * y64.abs().max()
+    for got, want in zip(grads32, grads64):
+        assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@needs_compiler
+def test_compiled_ssd_under_vmap_with_an_A_per_copy():
+    x, dt, A, B, C, _ = _inputs(seed=7)
+    K_A = torch.stack([A, 0.5 * A, 2 * A]).requires_grad_()
+    K_x = torch.stack([x, -x, 2 * x]).requires_grad_()
+    ys = torch.func.vmap(cpu_kernels.ssd_cpu, in_dims=(0, None, 0, None, None))(K_x, dt, K_A, B, C)
+    w = torch.randn_like(ys)
+    gx, gA = torch.autograd.grad((ys * w).sum(), (K_x, K_A))
+    for k in range(3):
+        xk, ak = K_x[k].detach().requires_grad_(), K_A[k].detach().requires_grad_()
+        y_k = ssd_recurrent(xk, dt, ak, B, C)[0]
+        want_x, want_A = torch.autograd.grad((y_k * w[k]).sum(), (xk, ak))
+        assert (ys[k] - y_k).abs().max() <= 1e-12 * y_k.abs().max()
+        assert (gx[k] - want_x).abs().max() <= 1e-10 * want_x.abs().max()
+        assert (gA[k] - want_A).abs().max() <= 1e-10 * want_A.abs().max()
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_training_step_on_the_compiled_ssd_equals_the_pytorch_path(dtype):
+    # the training step as a run takes it (layer 0 on the full path: the compiled scan where
+    # kernels="auto", the chunked form where "torch"; layer 1 on the answer-only path): loss and
+    # every parameter's gradient, to 1e-12 / 1e-10 in float64 and 1e-6 / 1e-5 in float32 (of the
+    # loss and of each gradient's largest entry)
+    assert cpu_ssd("auto", torch.device("cpu")) is cpu_kernels.ssd_cpu and cpu_ssd("torch", torch.device("cpu")) is None
+    results = {}
+    for kernels in ("torch", "auto"):
+        torch.manual_seed(0)
+        model = build_model("mamba2", vocab_size=11, hidden_size=32, num_hidden_layers=2, kernels=kernels).to(dtype)
+        ids = torch.randint(3, 11, (4, 23))
+        labels = torch.full_like(ids, -100)
+        labels[:, -1] = ids[:, -1]
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        results[kernels] = loss.item(), {n: p.grad for n, p in model.named_parameters()}
+    tolerance = (1e-12, 1e-10) if dtype == torch.float64 else (1e-6, 1e-5)
+    assert abs(results["auto"][0] - results["torch"][0]) <= tolerance[0] * abs(results["torch"][0])
+    for n, want in results["torch"][1].items():
+        assert (results["auto"][1][n] - want).abs().max() <= tolerance[1] * want.abs().max(), n

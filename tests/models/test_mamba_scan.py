@@ -2,6 +2,7 @@
 scan against the readable reference."""
 import pytest
 import torch
+from torch.nn import functional as F
 
 from hf_mecheval.models import build_model, cpu_kernels
 from hf_mecheval.models.kernels import cpu_scan
@@ -307,7 +308,181 @@ def test_the_compiled_library_is_cached_per_source_and_machine(monkeypatch, tmp_
     # another source is another build
     changed = tmp_path / "changed.cpp"
     changed.write_text(cpu_kernels.SOURCES[0].read_text() + "\n// changed\n")
-    (tmp_path / "cpu_threads.h").write_text(cpu_kernels.SOURCES[2].read_text())   # included beside it
+    for header in (p for p in cpu_kernels.SOURCES if p.suffix == ".h"):          # included beside it
+        (tmp_path / header.name).write_text(header.read_text())
     monkeypatch.setattr(cpu_kernels, "SOURCES", (changed, *cpu_kernels.SOURCES[1:]))
     assert cpu_kernels.kernel_library.__wrapped__() is not None
     assert len(list(tmp_path.glob("*.so"))) == 2
+
+
+# --------------------------------------------------------------------------- the fused options
+def fused_reference(x, dt_raw, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+    """What the compiled kernel computes with its options, written out in PyTorch as the mixer's
+    PyTorch path does: dt = softplus(dt_raw + bias), y = scan + D x, out = y silu(z)."""
+    dt = dt_raw if delta_bias is None else dt_raw + delta_bias
+    dt = F.softplus(dt) if delta_softplus else dt
+    y = selective_scan_reference(x, dt, A, B, C)[0]
+    y = y if D is None else y + D * x
+    return y if z is None else y * F.silu(z)
+
+
+def fused_inputs(seed, B=3, L=9, E=5, N=4, dtype=torch.float64):
+    """x, dt_raw (around -2: softplus of it ~0.1, Mamba's range, with a tail past the threshold
+    20 and below -20), A, B, C, D, z, delta_bias."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, L, E, generator=g, dtype=dtype)
+    dt_raw = torch.randn(B, L, E, generator=g, dtype=dtype) - 2
+    dt_raw.view(-1)[::17] = 21.0                      # past softplus's threshold: dt = dt_raw
+    dt_raw.view(-1)[5::19] = -30.0
+    A = -torch.rand(E, N, generator=g, dtype=dtype) * 3
+    Bm = torch.randn(B, L, N, generator=g, dtype=dtype)
+    C = torch.randn(B, L, N, generator=g, dtype=dtype)
+    D = torch.randn(E, generator=g, dtype=dtype)
+    z = torch.randn(B, L, E, generator=g, dtype=dtype) * 2
+    bias = torch.randn(E, generator=g, dtype=dtype) * 0.5
+    return x, dt_raw, A, Bm, C, D, z, bias
+
+
+OPTIONS = [dict(D=True, z=True, delta_bias=True, delta_softplus=True),   # the mixer's full path
+           dict(D=True, z=False, delta_bias=True, delta_softplus=True),  # its answer-only last layer
+           dict(D=False, z=True, delta_bias=False, delta_softplus=False),
+           dict(D=False, z=False, delta_bias=True, delta_softplus=False),
+           dict(D=False, z=False, delta_bias=False, delta_softplus=True)]
+
+
+def _with_options(tensors, options):
+    x, dt_raw, A, Bm, C, D, z, bias = tensors
+    if not options["delta_softplus"]:                 # dt itself: positive, Mamba's size
+        dt_raw, bias = dt_raw.sigmoid() * 0.2, bias.abs() * 0.1
+    return [x, dt_raw, A, Bm, C, D if options["D"] else None, z if options["z"] else None,
+            bias if options["delta_bias"] else None]
+
+
+def _values_and_gradients(fn, tensors, softplus, w):
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
+    y = fn(*leaves, delta_softplus=softplus)
+    (y * w.to(y.dtype)).sum().backward()
+    return y, [None if t is None else t.grad for t in leaves]
+
+
+@needs_compiler
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "+".join(k for k, v in o.items() if v))
+def test_compiled_scan_options_match_the_pytorch_form(options):
+    # softplus(dt_raw + bias), + D x and * silu(z) taken into the kernel (as mamba-ssm's
+    # selective_scan_fn takes them) against the same steps in PyTorch around the reference scan:
+    # values and the gradients of every input, float64, to 1e-12 / 1e-10 of each tensor's largest
+    # entry (the two sum the same terms in another order); gradcheck on a smaller case
+    tensors = _with_options(fused_inputs(20), options)
+    softplus = options["delta_softplus"]
+    small = [None if t is None else t[:2, :5].detach().clone().requires_grad_() if t.dim() == 3
+             else t.detach().clone().requires_grad_() for t in tensors]
+    assert torch.autograd.gradcheck(lambda *t: cpu_kernels.selective_scan_cpu(*t, delta_softplus=softplus), small)
+    w = torch.randn(3, 9, 5, generator=torch.Generator().manual_seed(21), dtype=torch.float64)
+    y, grads = _values_and_gradients(cpu_kernels.selective_scan_cpu, tensors, softplus, w)
+    y_ref, grads_ref = _values_and_gradients(fused_reference, tensors, softplus, w)
+    assert (y - y_ref).abs().max() <= 1e-12 * y_ref.abs().max()
+    for got, want in zip(grads, grads_ref):
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert (got - want).abs().max() <= 1e-10 * want.abs().max()
+
+
+@needs_compiler
+@pytest.mark.parametrize("E", [512, 40])
+def test_compiled_scan_options_in_float32_at_width_256(E):
+    # the mixer's two calls at width 256 (E = 512 channels; 40 ends in a partial block): float32
+    # values and gradients against the float64 PyTorch form. Tolerance 1e-5 of each tensor's
+    # largest entry: float32's rounding step is 6e-8, and sums over the 37 positions and 16 states
+    # of terms as large as the result gather up to a few hundred of them (the plain compiled scan
+    # is held to the same bound above)
+    tensors = fused_inputs(22, B=2, L=37, E=E, N=16)
+    w = torch.randn(2, 37, E, generator=torch.Generator().manual_seed(23), dtype=torch.float64)
+    for options in OPTIONS[:2]:
+        chosen = _with_options(tensors, options)
+        y32, grads32 = _values_and_gradients(cpu_kernels.selective_scan_cpu,
+                                             [None if t is None else t.float() for t in chosen], True, w)
+        y64, grads64 = _values_and_gradients(fused_reference, chosen, True, w)
+        assert y32.dtype == torch.float32
+        assert (y32.double() - y64).abs().max() <= 1e-5 * y64.abs().max()
+        for got, want in zip(grads32, grads64):
+            if want is not None:
+                assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@needs_compiler
+def test_compiled_softplus_equals_torchs_to_float32_rounding():
+    # the kernel's own softplus and its slope (vector exp and log in float32): with A = 0 and
+    # x = B = C = 1 at one position, out = dt = softplus(dt_raw) and d out / d dt_raw = sigmoid
+    # (1 past the threshold 20). Within 5 float32 rounding steps (3e-7, relative) of the float64
+    # values wherever dt_raw >= -80 (torch's own float32 softplus is up to 2.1e-7 off them); below
+    # that the kernel's exp stops at exp(-80), and both are below 2e-35
+    v = torch.cat([torch.linspace(-100, 100, 20001), torch.tensor([-80.0, 19.99, 20.0, 20.01, 1e-8, 0.0])])
+    E = v.numel()
+    raw = v.view(1, 1, E).clone().requires_grad_()
+    ones = torch.ones(1, 1, 1)
+    out = cpu_kernels.selective_scan_cpu(torch.ones(1, 1, E), raw, torch.zeros(E, 1), ones, ones,
+                                         delta_softplus=True)
+    out.sum().backward()
+    want = F.softplus(v.double())
+    slope = torch.where(v > 20, 1.0, torch.sigmoid(v.double()))
+    inside = v >= -80
+    for got, ref in ((out.view(-1), want), (raw.grad.view(-1), slope)):
+        assert ((got.double() - ref).abs() / ref)[inside].max() <= 3e-7
+        assert (got.double() - ref).abs()[~inside].max() <= 2e-35
+
+
+@needs_compiler
+def test_compiled_scan_options_under_vmap():
+    # stacked copies, each with its own D and bias (and A), the inputs shared: per-copy values and
+    # gradients equal a loop over the copies
+    x, dt_raw, A, Bm, C, D, z, bias = fused_inputs(24)
+    K_D = torch.stack([D, -0.5 * D]).requires_grad_()
+    K_bias = torch.stack([bias, bias + 1]).requires_grad_()
+    K_A = torch.stack([A, 0.3 * A]).requires_grad_()
+    fn = lambda a, d, b: cpu_kernels.selective_scan_cpu(x, dt_raw, a, Bm, C, d, z, b, True)
+    ys = torch.func.vmap(fn)(K_A, K_D, K_bias)
+    w = torch.randn_like(ys)
+    (ys * w).sum().backward()
+    for k in range(2):
+        a, d, b = (t.detach()[k].clone().requires_grad_() for t in (K_A, K_D, K_bias))
+        y_k = fused_reference(x, dt_raw, a, Bm, C, d, z, b, True)
+        (y_k * w[k]).sum().backward()
+        assert (ys[k] - y_k).abs().max() <= 1e-12
+        for got, want in ((K_A.grad[k], a.grad), (K_D.grad[k], d.grad), (K_bias.grad[k], b.grad)):
+            assert (got - want).abs().max() <= 1e-10
+
+
+@needs_compiler
+def test_a_float32_training_step_on_the_fused_kernel_equals_the_pytorch_path():
+    # the training step as a run takes it (float32; width 64: 128 channels, 8 blocks of the
+    # kernel; layer 0 on the full path with D and the gate in the kernel, layer 1 on the
+    # answer-only path): loss and every parameter's gradient, compiled against PyTorch, to 1e-5 of
+    # each gradient's largest entry (float32 rounding, 6e-8, through two layers' sums)
+    results = {}
+    for kernels in ("torch", "auto"):
+        torch.manual_seed(0)
+        model = build_model("mamba", vocab_size=11, hidden_size=64, d_state=16, num_hidden_layers=2, kernels=kernels)
+        ids = torch.randint(3, 11, (4, 23))
+        labels = torch.full_like(ids, -100)
+        labels[:, -1] = ids[:, -1]
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        results[kernels] = loss.item(), {n: p.grad for n, p in model.named_parameters()}
+    assert abs(results["auto"][0] - results["torch"][0]) <= 1e-6 * abs(results["torch"][0])
+    for n, want in results["torch"][1].items():
+        assert (results["auto"][1][n] - want).abs().max() <= 1e-5 * want.abs().max(), n
+
+
+@needs_compiler
+def test_the_kernels_float32_exp_is_within_two_rounding_steps():
+    # the decays exp(dt A) the float32 scan computes on its vectors: with x = (1, 0), B = C = 1
+    # and dt = 1 over two positions, y_1 = exp(A) exactly; within 1e-7 (1.7 float32 rounding
+    # steps, relative) of the float64 exp over [-80, 80]; below -80 the kernel stops at exp(-80)
+    a = torch.linspace(-80, 80, 160001)
+    E = a.numel()
+    x = torch.zeros(1, 2, E)
+    x[:, 0] = 1
+    ones = torch.ones(1, 2, 1)
+    y = cpu_kernels.selective_scan_cpu(x, torch.ones(1, 2, E), a[:, None], ones, ones)
+    want = a.double().exp()
+    assert ((y[0, 1].double() - want).abs() / want).max() <= 1e-7
