@@ -29,6 +29,7 @@ long-convolution forms), which they pin; the same setting with the reference rec
 The paper's grid beyond width 64, with the reference recipe's defaults:
 
     ref-width-ar          hf_mecheval/training/sweeps/reference/width_ar.yaml (AR at widths 16, 32, 128, 256)
+    ref-width-ablations   hf_mecheval/training/sweeps/reference/width_ablations.yaml (short convolutions at width 256)
     ref-depth             hf_mecheval/training/sweeps/reference/depth.yaml (1 and 3 layers, no positions; width 64)
     ref-atr-languages     hf_mecheval/training/sweeps/reference/atr_languages.yaml (atr_medium, atr_8192, atr_gen)
 
@@ -54,7 +55,8 @@ PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba"
            "ref-ar": "reference/ar.yaml", "ref-ablations": "reference/ar_ablations.yaml",
            "ref-atr": "reference/atr.yaml", "ref-recipe-ar": "reference/recipe_ar.yaml",
            "ref-recipe-ablations": "reference/recipe_ablations.yaml", "ref-recipe-atr": "reference/recipe_atr.yaml",
-           "ref-width-ar": "reference/width_ar.yaml", "ref-depth": "reference/depth.yaml", "ref-atr-languages": "reference/atr_languages.yaml",
+           "ref-width-ar": "reference/width_ar.yaml",
+           "ref-width-ablations": "reference/width_ablations.yaml", "ref-depth": "reference/depth.yaml", "ref-atr-languages": "reference/atr_languages.yaml",
            "cpu-mqar": "cpu/mqar.yaml", "cpu-mqar-zoology": "cpu/mqar_zoology.yaml"}
 
 
