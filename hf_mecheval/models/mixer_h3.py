@@ -155,6 +155,19 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
+def _smooth_size(m: int) -> int:
+    """The smallest n >= m whose prime factors are 2, 3 and 5 only (a fast FFT size)."""
+    n = m
+    while True:
+        rest = n
+        for p in (2, 3, 5):
+            while rest % p == 0:
+                rest //= p
+        if rest == 1:
+            return n
+        n += 1
+
+
 # --- the reference form's two SSMs -----------------------------------------------------------
 
 
@@ -183,12 +196,16 @@ class ShiftSSM(nn.Module):
         self.C.uniform_(-bound, bound)
 
     def kernel(self, L: int) -> torch.Tensor:
-        """K (channels, L): column l = weight on the input l steps back. By FFTs of size 2N, as the
-        reference: no wrap-around, since m + l < 2N."""
-        N, n = self.N, 2 * self.N
+        """K (channels, L): column l = weight on the input l steps back. By FFTs, as the reference,
+        but of the smallest size n >= N + T - 1 with no prime factor above 5, T = min(N, L) the
+        lags wanted: no wrap-around, since m + l <= N + T - 2 < n (the reference's size 2N is
+        that bound at L >= N). Measured on one CPU thread at 256 channels, N 1 024, L 37: forward
+        + backward 16.7 ms at size 2 048, 3.4 ms at size 1 080."""
+        N, T = self.N, min(self.N, L)
+        n = _smooth_size(N + T - 1)
         B, C = self.B.to(_compute_dtype(self.B)), self.C.to(_compute_dtype(self.C))
-        corr = torch.fft.irfft(torch.fft.rfft(B, n=n).conj() * torch.fft.rfft(C, n=n), n=n)   # (channels, 2N)
-        K = corr[:, :min(N, L)]
+        corr = torch.fft.irfft(torch.fft.rfft(B, n=n).conj() * torch.fft.rfft(C, n=n), n=n)   # (channels, n)
+        K = corr[:, :T]
         return F.pad(K, (0, max(0, L - N))).to(self.C.dtype)
 
     def step(self, u_t: torch.Tensor, x: torch.Tensor | None):

@@ -165,6 +165,31 @@ def test_the_shift_kernel_is_the_cross_correlation_of_b_and_c():
         torch.testing.assert_close(m.ssm_k_kernel.kernel(L), want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("L", [1, 3, 7, 8, 12])
+def test_the_shift_kernel_by_the_smaller_fft_has_the_gradients_of_the_size_2n_one(L):
+    """The kernel's FFTs are of the smallest 5-smooth size >= N + min(N, L) - 1; values and
+    gradients are those of the reference's size 2N."""
+    m = reference_mixer(D=3, N=8, P=1)
+    shift = m.ssm_k_kernel
+    G = torch.randn(3, L, dtype=f64, generator=torch.Generator().manual_seed(5))
+
+    def size_2n(B, C):
+        n = 16
+        corr = torch.fft.irfft(torch.fft.rfft(B, n=n).conj() * torch.fft.rfft(C, n=n), n=n)
+        return torch.nn.functional.pad(corr[:, :min(8, L)], (0, max(0, L - 8)))
+
+    got = torch.autograd.grad((shift.kernel(L) * G).sum(), [shift.B, shift.C])
+    want = torch.autograd.grad((size_2n(shift.B, shift.C) * G).sum(), [shift.B, shift.C])
+    torch.testing.assert_close(shift.kernel(L), size_2n(shift.B, shift.C), rtol=1e-10, atol=1e-12)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_smooth_fft_sizes():
+    from hf_mecheval.models.mixer_h3 import _smooth_size
+    assert [_smooth_size(m) for m in (1, 7, 11, 1060, 2047)] == [1, 8, 12, 1080, 2048]
+
+
 # ------------------------------------------------------------------ the state site
 def test_a_reference_state_patch_propagates_through_the_complex_recurrence():
     """The site shows (Re h, Im h) per mode: adding delta there at position p changes the SSM output
