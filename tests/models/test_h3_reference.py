@@ -134,9 +134,10 @@ def test_the_whole_reference_mixer_is_the_reference_forward_by_hand():
     torch.testing.assert_close(m(x), want, rtol=1e-9, atol=1e-10)
 
 
-def test_head_dim_1_is_the_reference_forward_by_hand():
-    m = reference_mixer(D=3, N=4, P=1)
-    x = inputs(1, 7, 3)
+@pytest.mark.parametrize("D, P", [(3, 1), (6, 3)])
+def test_head_dims_1_and_3_are_the_reference_forward_by_hand(D, P):
+    m = reference_mixer(D=D, N=4, P=P)
+    x = inputs(1, 7, D)
     torch.testing.assert_close(m(x), h3_by_hand(m, x), rtol=1e-9, atol=1e-10)
 
 
