@@ -248,9 +248,10 @@ class DiagonalSSM(nn.Module):
         self.B[..., 0] = 1.0
         self.C.normal_(0.0, math.sqrt(0.5))
 
-    def discretize(self):
+    def discretize_complex(self):
         """Bilinear: dA = (1 + dt A / 2) / (1 - dt A / 2), dB = dt B / (1 - dt A / 2); returns dA,
-        dB and C, each (H, N/2) complex."""
+        dB and C, each (H, N/2) complex. Readable, in complex arithmetic (for tests);
+        ``discretize`` computes the same in real arithmetic."""
         real = _compute_dtype(self.log_dt)
         dt = torch.exp(self.log_dt.to(real))[:, None]                               # (H, 1)
         A = torch.complex(-torch.exp(self.inv_A_real.to(real)), self.A_imag.to(real))   # (H, N/2)
@@ -258,6 +259,29 @@ class DiagonalSSM(nn.Module):
         C = torch.complex(self.C[..., 0].to(real), self.C[..., 1].to(real))
         half = dt * A / 2
         return (1 + half) / (1 - half), dt * B / (1 - half), C
+
+    def discretize(self):
+        """The bilinear discretisation, dA, dB and C each (H, N/2) complex: ``discretize_complex``'s
+        values (to rounding) in real arithmetic: with dt A / 2 = x + i y and
+        den = (1 - x)^2 + y^2, 1 / (1 - dt A / 2) = ((1 - x) + i y) / den, so
+
+            dA = (1 - x^2 - y^2 + 2 i y) / den,   dB = dt (B_re + i B_im) ((1 - x) + i y) / den.
+
+        Complex division and its backward were ~8 ms of each H3 layer's training step (width 256,
+        d_state 1 024, one CPU thread), these real products ~3 ms. Tested against ``discretize_complex``."""
+        real = _compute_dtype(self.log_dt)
+        dt = torch.exp(self.log_dt.to(real))[:, None]                               # (H, 1)
+        x = -0.5 * dt * torch.exp(self.inv_A_real.to(real))                        # Re(dt A / 2), (H, N/2)
+        y = 0.5 * dt * self.A_imag.to(real)                                         # Im(dt A / 2)
+        one_minus_x = 1 - x
+        y2 = y * y
+        scale = 1 / (one_minus_x * one_minus_x + y2)                                # 1 / den
+        dA = torch.complex((1 - x * x - y2) * scale, 2 * y * scale)
+        B_re, B_im = self.B[..., 0].to(real), self.B[..., 1].to(real)
+        gain = dt * scale
+        dB = torch.complex((B_re * one_minus_x - B_im * y) * gain, (B_re * y + B_im * one_minus_x) * gain)
+        C = torch.complex(self.C[..., 0].to(real), self.C[..., 1].to(real))
+        return dA, dB, C
 
     def kernel(self, L: int) -> torch.Tensor:
         """K[h, l] = 2 Re sum_n C dB dA^l, (H, L) in the parameters' dtype, the powers by repeated

@@ -125,6 +125,28 @@ def test_the_diagonal_ssm_kernel_is_the_complex_recurrence_stepped_by_hand(L):
             torch.testing.assert_close(m._skip().view(P, P, H)[i, j], m.D, rtol=0, atol=0)
 
 
+def test_the_real_arithmetic_discretisation_is_the_complex_one_with_its_gradients():
+    """``discretize`` (real products) against ``discretize_complex`` (complex division), values
+    and the gradients of every SSM parameter, in float64 and in float32 to its rounding."""
+    for dtype, tol in ((f64, dict(rtol=1e-12, atol=1e-12)), (torch.float32, dict(rtol=1e-5, atol=1e-6))):
+        kernel = reference_mixer(D=6, N=10, P=2).kernel.to(dtype)
+        with torch.no_grad():                        # large and small dt, far-off A_imag
+            kernel.log_dt.copy_(torch.tensor([math.log(1e-3), math.log(0.5), math.log(3.0)]))
+            kernel.A_imag[0, -1] = 900.0
+        params = [kernel.log_dt, kernel.inv_A_real, kernel.A_imag, kernel.B, kernel.C]
+        weights = [torch.randn(3, 5, 2, dtype=dtype, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+        def loss(parts):
+            return sum((torch.view_as_real(p) * w).sum() for p, w in zip(parts, weights))
+
+        got, want = kernel.discretize(), kernel.discretize_complex()
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            torch.testing.assert_close(g, w, **tol)
+        for g, w in zip(torch.autograd.grad(loss(got), params), torch.autograd.grad(loss(want), params)):
+            torch.testing.assert_close(g, w, **tol)
+
+
 def test_the_whole_reference_mixer_is_the_reference_forward_by_hand():
     m = reference_mixer(D=4, N=6, P=2)                                        # 2 heads, 3 modes
     x = inputs(2, 9, 4)
