@@ -125,6 +125,28 @@ def test_the_diagonal_ssm_kernel_is_the_complex_recurrence_stepped_by_hand(L):
             torch.testing.assert_close(m._skip().view(P, P, H)[i, j], m.D, rtol=0, atol=0)
 
 
+def test_the_real_arithmetic_discretisation_is_the_complex_one_with_its_gradients():
+    """``discretize`` (real products) against ``discretize_complex`` (complex division), values
+    and the gradients of every SSM parameter, in float64 and in float32 to its rounding."""
+    for dtype, tol in ((f64, dict(rtol=1e-12, atol=1e-12)), (torch.float32, dict(rtol=1e-5, atol=1e-6))):
+        kernel = reference_mixer(D=6, N=10, P=2).kernel.to(dtype)
+        with torch.no_grad():                        # large and small dt, far-off A_imag
+            kernel.log_dt.copy_(torch.tensor([math.log(1e-3), math.log(0.5), math.log(3.0)]))
+            kernel.A_imag[0, -1] = 900.0
+        params = [kernel.log_dt, kernel.inv_A_real, kernel.A_imag, kernel.B, kernel.C]
+        weights = [torch.randn(3, 5, 2, dtype=dtype, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+        def loss(parts):
+            return sum((torch.view_as_real(p) * w).sum() for p, w in zip(parts, weights))
+
+        got, want = kernel.discretize(), kernel.discretize_complex()
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            torch.testing.assert_close(g, w, **tol)
+        for g, w in zip(torch.autograd.grad(loss(got), params), torch.autograd.grad(loss(want), params)):
+            torch.testing.assert_close(g, w, **tol)
+
+
 def test_the_whole_reference_mixer_is_the_reference_forward_by_hand():
     m = reference_mixer(D=4, N=6, P=2)                                        # 2 heads, 3 modes
     x = inputs(2, 9, 4)
@@ -134,9 +156,10 @@ def test_the_whole_reference_mixer_is_the_reference_forward_by_hand():
     torch.testing.assert_close(m(x), want, rtol=1e-9, atol=1e-10)
 
 
-def test_head_dim_1_is_the_reference_forward_by_hand():
-    m = reference_mixer(D=3, N=4, P=1)
-    x = inputs(1, 7, 3)
+@pytest.mark.parametrize("D, P", [(3, 1), (6, 3)])
+def test_head_dims_1_and_3_are_the_reference_forward_by_hand(D, P):
+    m = reference_mixer(D=D, N=4, P=P)
+    x = inputs(1, 7, D)
     torch.testing.assert_close(m(x), h3_by_hand(m, x), rtol=1e-9, atol=1e-10)
 
 
@@ -163,6 +186,31 @@ def test_the_shift_kernel_is_the_cross_correlation_of_b_and_c():
             for l in range(min(L, 8)):
                 want[c, l] = sum(Bm[c, n] * Cm[c, n + l] for n in range(8 - l))
         torch.testing.assert_close(m.ssm_k_kernel.kernel(L), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("L", [1, 3, 7, 8, 12])
+def test_the_shift_kernel_by_the_smaller_fft_has_the_gradients_of_the_size_2n_one(L):
+    """The kernel's FFTs are of the smallest 5-smooth size >= N + min(N, L) - 1; values and
+    gradients are those of the reference's size 2N."""
+    m = reference_mixer(D=3, N=8, P=1)
+    shift = m.ssm_k_kernel
+    G = torch.randn(3, L, dtype=f64, generator=torch.Generator().manual_seed(5))
+
+    def size_2n(B, C):
+        n = 16
+        corr = torch.fft.irfft(torch.fft.rfft(B, n=n).conj() * torch.fft.rfft(C, n=n), n=n)
+        return torch.nn.functional.pad(corr[:, :min(8, L)], (0, max(0, L - 8)))
+
+    got = torch.autograd.grad((shift.kernel(L) * G).sum(), [shift.B, shift.C])
+    want = torch.autograd.grad((size_2n(shift.B, shift.C) * G).sum(), [shift.B, shift.C])
+    torch.testing.assert_close(shift.kernel(L), size_2n(shift.B, shift.C), rtol=1e-10, atol=1e-12)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_smooth_fft_sizes():
+    from hf_mecheval.models.mixer_h3 import _smooth_size
+    assert [_smooth_size(m) for m in (1, 7, 11, 1060, 2047)] == [1, 8, 12, 1080, 2048]
 
 
 # ------------------------------------------------------------------ the state site
