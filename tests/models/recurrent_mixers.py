@@ -1,6 +1,7 @@
-"""What the recurrent mixers' own tests (DeltaNet, Mamba-2, Gated DeltaNet) share: their input, the
-reading of site outputs, and the check that patching a state equals running the mixer's recurrence
-by hand from the patched state."""
+"""What the recurrent mixers' own tests (DeltaNet, Mamba, Mamba-2, Gated DeltaNet) share: their
+input, the reading of site outputs, the check that patching a state equals running the mixer's
+recurrence by hand from the patched state, and a training step on the compiled kernels against
+the PyTorch path."""
 import torch
 
 
@@ -45,3 +46,26 @@ def assert_state_patch_equals_the_recurrence_by_hand(m, x, by_hand, p: int = 4, 
     want = by_hand(m, x, p, {p: new_p, q: new_q})
     assert (got[:, p:] - want).abs().max() <= 1e-10
     assert ((got - clean).abs().amax(dim=(0, 2))[p:] > 1e-8).all()   # p and every later position
+
+
+def assert_training_step_equal_across_kernels(architecture: str, dtype: torch.dtype, loss_tolerance: float,
+                                              grad_tolerance: float, **fields) -> None:
+    """One training step as a run takes it (2 layers: layer 0 on the full path, layer 1 on the
+    answer-only path, the answer at the last position) with kernels="torch" and kernels="auto"
+    (the compiled CPU kernels), the same seed: the losses within ``loss_tolerance`` of the
+    PyTorch loss, and every parameter's gradient within ``grad_tolerance`` of its largest entry."""
+    from hf_mecheval.models import build_model
+    results = {}
+    for kernels in ("torch", "auto"):
+        torch.manual_seed(0)
+        model = build_model(architecture, vocab_size=11, num_hidden_layers=2, kernels=kernels, **fields).to(dtype)
+        ids = torch.randint(3, 11, (4, 23))
+        labels = torch.full_like(ids, -100)
+        labels[:, -1] = ids[:, -1]
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        results[kernels] = loss.item(), {n: p.grad for n, p in model.named_parameters()}
+    (loss, grads), (want_loss, want_grads) = results["auto"], results["torch"]
+    assert abs(loss - want_loss) <= loss_tolerance * abs(want_loss)
+    for n, want in want_grads.items():
+        assert (grads[n] - want).abs().max() <= grad_tolerance * want.abs().max(), n

@@ -9,7 +9,8 @@ from hf_mecheval.models.mixer_mamba2 import Mamba2Mixer
 from hf_mecheval.models.ops_ssd import ssd_at, ssd_chunked, ssd_readout, ssd_recurrent, ssd_transition
 from hf_mecheval.models.sites import rerun_from_patched_states
 
-from recurrent_mixers import assert_state_patch_equals_the_recurrence_by_hand, random_x, site_outputs
+from recurrent_mixers import (assert_state_patch_equals_the_recurrence_by_hand, assert_training_step_equal_across_kernels,
+                             random_x, site_outputs)
 
 f64 = torch.float64
 
@@ -176,7 +177,7 @@ def test_initialisation_follows_mamba_ssm():
 
 
 # ------------------------------------------------------------------- the compiled scan (CPU)
-from hf_mecheval.models import build_model, cpu_kernels  # noqa: E402
+from hf_mecheval.models import cpu_kernels  # noqa: E402
 from hf_mecheval.models.kernels import cpu_ssd  # noqa: E402
 
 needs_compiler = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
@@ -251,17 +252,5 @@ def test_a_training_step_on_the_compiled_ssd_equals_the_pytorch_path(dtype):
     # every parameter's gradient, to 1e-12 / 1e-10 in float64 and 1e-6 / 1e-5 in float32 (of the
     # loss and of each gradient's largest entry)
     assert cpu_ssd("auto", torch.device("cpu")) is cpu_kernels.ssd_cpu and cpu_ssd("torch", torch.device("cpu")) is None
-    results = {}
-    for kernels in ("torch", "auto"):
-        torch.manual_seed(0)
-        model = build_model("mamba2", vocab_size=11, hidden_size=32, num_hidden_layers=2, kernels=kernels).to(dtype)
-        ids = torch.randint(3, 11, (4, 23))
-        labels = torch.full_like(ids, -100)
-        labels[:, -1] = ids[:, -1]
-        loss = model(ids, labels=labels).loss
-        loss.backward()
-        results[kernels] = loss.item(), {n: p.grad for n, p in model.named_parameters()}
     tolerance = (1e-12, 1e-10) if dtype == torch.float64 else (1e-6, 1e-5)
-    assert abs(results["auto"][0] - results["torch"][0]) <= tolerance[0] * abs(results["torch"][0])
-    for n, want in results["torch"][1].items():
-        assert (results["auto"][1][n] - want).abs().max() <= tolerance[1] * want.abs().max(), n
+    assert_training_step_equal_across_kernels("mamba2", dtype, *tolerance, hidden_size=32)

@@ -9,6 +9,8 @@ from hf_mecheval.models.kernels import cpu_scan
 from hf_mecheval.models.ops_selective_scan import (LinearScan, ScanWorkspace, selective_scan, selective_scan_at,
                                                    selective_scan_reference)
 
+from recurrent_mixers import assert_training_step_equal_across_kernels
+
 
 def inputs(seed=0, B=3, L=9, E=5, N=4):
     g = torch.Generator().manual_seed(seed)
@@ -458,19 +460,7 @@ def test_a_float32_training_step_on_the_fused_kernel_equals_the_pytorch_path():
     # kernel; layer 0 on the full path with D and the gate in the kernel, layer 1 on the
     # answer-only path): loss and every parameter's gradient, compiled against PyTorch, to 1e-5 of
     # each gradient's largest entry (float32 rounding, 6e-8, through two layers' sums)
-    results = {}
-    for kernels in ("torch", "auto"):
-        torch.manual_seed(0)
-        model = build_model("mamba", vocab_size=11, hidden_size=64, d_state=16, num_hidden_layers=2, kernels=kernels)
-        ids = torch.randint(3, 11, (4, 23))
-        labels = torch.full_like(ids, -100)
-        labels[:, -1] = ids[:, -1]
-        loss = model(ids, labels=labels).loss
-        loss.backward()
-        results[kernels] = loss.item(), {n: p.grad for n, p in model.named_parameters()}
-    assert abs(results["auto"][0] - results["torch"][0]) <= 1e-6 * abs(results["torch"][0])
-    for n, want in results["torch"][1].items():
-        assert (results["auto"][1][n] - want).abs().max() <= 1e-5 * want.abs().max(), n
+    assert_training_step_equal_across_kernels("mamba", torch.float32, 1e-6, 1e-5, hidden_size=64, d_state=16)
 
 
 @needs_compiler
