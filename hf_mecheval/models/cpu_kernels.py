@@ -125,7 +125,7 @@ def scan_forward(x, dt, A_ne, Bm, C, D_rows=None, z=None, bias_rows=None, softpl
     """out (B, L, E). x, dt (dt_raw), z: (B, L, E); A_ne: (N, E) or (B, N, E); Bm, C: (B, L, N);
     D_rows, bias_rows: (B, E); all contiguous, of one dtype (float32 or float64), on the CPU. None
     turns that option off (``selective_scan_cpu.cpp``)."""
-    out = torch.empty_like(x)
+    out = x.new_empty(x.shape)
     _run_rows("scan_forward", [x, dt, A_ne, Bm, C, D_rows, z, bias_rows, out], softplus)
     return out
 
@@ -133,12 +133,12 @@ def scan_forward(x, dt, A_ne, Bm, C, D_rows=None, z=None, bias_rows=None, softpl
 def scan_backward(x, dt, A_ne, Bm, C, D_rows, z, bias_rows, softplus, gout):
     """(gx, gdt (of dt_raw), gA per row (B, N, E), gB, gC, gD per row (B, E) or None, gz or None,
     gbias per row (B, E) or None): the gradients of sum(gout * out), same layouts."""
-    gx, gdt = torch.empty_like(x), torch.empty_like(x)
+    gx, gdt = x.new_empty(x.shape), x.new_empty(x.shape)
     gA = x.new_empty(x.shape[0], *A_ne.shape[-2:])
-    gB, gC = torch.empty_like(Bm), torch.empty_like(C)
-    gD = None if D_rows is None else torch.empty_like(D_rows)
-    gz = None if z is None else torch.empty_like(z)
-    gbias = None if bias_rows is None else torch.empty_like(bias_rows)
+    gB, gC = Bm.new_empty(Bm.shape), C.new_empty(C.shape)
+    gD = None if D_rows is None else D_rows.new_empty(D_rows.shape)
+    gz = None if z is None else z.new_empty(z.shape)
+    gbias = None if bias_rows is None else bias_rows.new_empty(bias_rows.shape)
     _run_rows("scan_backward", [x, dt, A_ne, Bm, C, D_rows, z, bias_rows, gout, gx, gdt, gA, gB, gC, gD, gz, gbias],
               softplus)
     return gx, gdt, gA, gB, gC, gD, gz, gbias
@@ -155,6 +155,18 @@ def _threads_for(work: int) -> int:
     return max(1, min(torch.get_num_threads(), work // WORK_PER_THREAD))
 
 
+def _check_layout(kernel: str, x: torch.Tensor, expected: dict[str, tuple]) -> None:
+    """Refuse a call the kernel would read out of bounds or in the wrong order: every tensor of
+    ``expected`` ({name: (tensor or None, its shape)}) has exactly that shape, x's dtype and a
+    contiguous layout (the kernels take bare pointers and row-major sizes)."""
+    for name, (t, shape) in expected.items():
+        if t is None:
+            continue
+        if tuple(t.shape) != tuple(shape) or t.dtype != x.dtype or not t.is_contiguous():
+            raise ValueError(f"{kernel}: {name} must be a contiguous {x.dtype} tensor of shape {tuple(shape)}, "
+                             f"got {t.dtype} {tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}")
+
+
 def _run_rows(kernel: str, tensors: list, softplus: bool) -> None:
     """Call ``kernel`` (of x's dtype) with a pointer to each tensor (null for None) and (rows, L, N,
     E, A per row, softplus, threads): the kernels' calling convention. ``tensors`` has x (B, L, E)
@@ -165,6 +177,15 @@ def _run_rows(kernel: str, tensors: list, softplus: bool) -> None:
     rows, L, E = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     N = A_ne.shape[-2]
+    per_position, per_row = (rows, L, E), (rows, E)
+    names = {"scan_forward": ["x", "dt", "A", "B", "C", "D", "z", "bias", "out"],
+             "scan_backward": ["x", "dt", "A", "B", "C", "D", "z", "bias", "gout", "gx", "gdt", "gA", "gB", "gC",
+                               "gD", "gz", "gbias"]}[kernel]
+    shapes = {"x": per_position, "dt": per_position, "z": per_position, "out": per_position, "gout": per_position,
+              "gx": per_position, "gdt": per_position, "gz": per_position, "A": tuple(A_ne.shape[-2:]) if A_ne.dim() == 2
+              else (rows, N, E), "gA": (rows, N, E), "B": (rows, L, N), "C": (rows, L, N), "gB": (rows, L, N),
+              "gC": (rows, L, N), "D": per_row, "bias": per_row, "gD": per_row, "gbias": per_row}
+    _check_layout(kernel, x, {n: (t, shapes[n]) for n, t in zip(names, tensors)})
     threads = _threads_for(SCAN_FLOPS_PER_STATE["forward"] * rows * L * N * E)
     sizes = (rows, L, N, E, int(A_ne.dim() == 3), int(softplus), threads)
     fn(*(ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
@@ -246,7 +267,8 @@ class CpuShortConv(torch.autograd.Function):
 
     @staticmethod
     def forward(x, weight, bias, silu):
-        y = torch.empty_like(x)
+        x = x.contiguous()
+        y = x.new_empty(x.shape)
         _run_conv("short_conv_forward", [x, _taps_major(weight), _contiguous(bias), y], weight.dim() == 4, silu)
         return y
 
@@ -259,7 +281,8 @@ class CpuShortConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, weight, bias = ctx.saved_tensors
-        gx = torch.empty_like(x)
+        x = x.contiguous()
+        gx = x.new_empty(x.shape)
         gw = x.new_empty(x.shape[0], weight.shape[-1], x.shape[-1])                # (B, K, C): one share per row
         gbias = None if bias is None else x.new_empty(x.shape[0], x.shape[-1])    # (B, C)
         _run_conv("short_conv_backward", [x, _taps_major(weight), _contiguous(bias), g.contiguous(), gx, gw, gbias],
@@ -298,6 +321,12 @@ def _run_conv(kernel: str, tensors: list, per_row: bool, silu: bool) -> None:
     rows, L, C = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     K = w.shape[-2]
+    names = {"short_conv_forward": ["x", "weight", "bias", "y"],
+             "short_conv_backward": ["x", "weight", "bias", "g", "gx", "gw", "gbias"]}[kernel]
+    shapes = {"x": (rows, L, C), "y": (rows, L, C), "g": (rows, L, C), "gx": (rows, L, C),
+              "weight": (rows, K, C) if per_row else (K, C), "gw": (rows, K, C),
+              "bias": (rows, C) if per_row else (C,), "gbias": (rows, C)}
+    _check_layout(kernel, x, {n: (t, shapes[n]) for n, t in zip(names, tensors)})
     sizes = (rows, L, C, K, int(per_row), int(silu), _threads_for(2 * rows * L * C * K))
     fn(*(ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
 
@@ -338,9 +367,11 @@ class CpuSsd(torch.autograd.Function):
 
     @staticmethod
     def forward(x, dt, A, B, C):
-        y = torch.empty_like(x)
-        _run_ssd("ssd_forward", [x.contiguous(), dt.contiguous(), _per_row(A, x.shape[0]), B.contiguous(),
-                                 C.contiguous(), y])
+        # outputs are allocated row-major (new_empty), never with an input's strides: a dense
+        # but transposed input would give empty_like's output its order, which the kernel ignores
+        x, dt, B, C = (t.contiguous() for t in (x, dt, B, C))
+        y = x.new_empty(x.shape)
+        _run_ssd("ssd_forward", [x, dt, _per_row(A, x.shape[0]), B, C, y])
         return y
 
     @staticmethod
@@ -350,11 +381,11 @@ class CpuSsd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, dt, A, B, C = ctx.saved_tensors
-        gx, gdt = torch.empty_like(x), torch.empty_like(dt)
+        x, dt, B, C = (t.contiguous() for t in (x, dt, B, C))
+        gx, gdt = x.new_empty(x.shape), dt.new_empty(dt.shape)
         gA = x.new_empty(x.shape[0], x.shape[2])                                # (B, H): one share per row
-        gB, gC = torch.empty_like(B), torch.empty_like(C)
-        _run_ssd("ssd_backward", [x.contiguous(), dt.contiguous(), _per_row(A, x.shape[0]), B.contiguous(),
-                                  C.contiguous(), gy.contiguous(), gx, gdt, gA, gB, gC])
+        gB, gC = B.new_empty(B.shape), C.new_empty(C.shape)
+        _run_ssd("ssd_backward", [x, dt, _per_row(A, x.shape[0]), B, C, gy.contiguous(), gx, gdt, gA, gB, gC])
         return gx, gdt, gA if A.dim() == 2 else gA.sum(0), gB, gC
 
     @staticmethod
@@ -372,6 +403,14 @@ def _run_ssd(kernel: str, tensors: list[torch.Tensor]) -> None:
     x, B = tensors[0], tensors[3]
     rows, L, H, P = x.shape
     G, N = B.shape[-2:]
+    if G < 1 or H % G:
+        raise ValueError(f"{kernel}: the heads ({H}) must be a multiple of B's and C's groups ({G})")
+    names = {"ssd_forward": ["x", "dt", "A", "B", "C", "y"],
+             "ssd_backward": ["x", "dt", "A", "B", "C", "gy", "gx", "gdt", "gA", "gB", "gC"]}[kernel]
+    shapes = {"x": (rows, L, H, P), "y": (rows, L, H, P), "gy": (rows, L, H, P), "gx": (rows, L, H, P),
+              "dt": (rows, L, H), "gdt": (rows, L, H), "A": (rows, H), "gA": (rows, H),
+              "B": (rows, L, G, N), "C": (rows, L, G, N), "gB": (rows, L, G, N), "gC": (rows, L, G, N)}
+    _check_layout(kernel, x, {n: (t, shapes[n]) for n, t in zip(names, tensors)})
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     sizes = (rows, L, H, P, G, N, _threads_for(3 * rows * L * H * P * N))
     fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))

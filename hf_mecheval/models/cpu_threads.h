@@ -1,5 +1,5 @@
 // Rows split between threads, for the compiled CPU kernels (selective_scan_cpu.cpp,
-// short_conv_cpu.cpp): each row is computed by one thread alone, so the results do not depend on
+// short_conv_cpu.cpp, ssd_cpu.cpp): each row is computed by one thread alone, so the results do not depend on
 // how many threads there are.
 #pragma once
 #include <algorithm>

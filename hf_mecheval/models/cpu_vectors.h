@@ -1,6 +1,6 @@
 // Vectors of W = 16 lanes and the math the compiled CPU kernels run on them (exp, softplus,
-// sigmoid, lane sums; loads and stores of a partial block), shared by selective_scan_cpu.cpp and
-// short_conv_cpu.cpp. Compiled without -ffast-math: nothing here is reassociated.
+// sigmoid, lane sums; loads and stores of a partial block), shared by selective_scan_cpu.cpp,
+// short_conv_cpu.cpp and ssd_cpu.cpp. Compiled without -ffast-math: nothing here is reassociated.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -19,6 +19,7 @@ template <> struct Lanes<float> { typedef float type __attribute__((vector_size(
 template <> struct Lanes<double> { typedef double type __attribute__((vector_size(W * sizeof(double)))); };
 template <typename T> using Vec = typename Lanes<T>::type;
 typedef int32_t IntLanes __attribute__((vector_size(W * sizeof(int32_t))));
+typedef uint32_t UIntLanes __attribute__((vector_size(W * sizeof(uint32_t))));
 
 template <typename T>
 inline Vec<T> splat(T v) {
@@ -60,9 +61,10 @@ inline Vec<float> decay(Vec<float> v) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    IntLanes bits;                                           // k in the low bits; shifted past the
+    UIntLanes bits;                                          // k in the low bits; shifted past the
     std::memcpy(&bits, &shifted, sizeof bits);               // top, 1.5 * 2^23's bits leave 2^k
-    return p * (Vec<float>)((bits + 127) << 23);             // 2^k, k in [-116, 116]: a normal float
+    // unsigned lanes: the shift wraps modulo 2^32 (defined), where a signed one would overflow
+    return p * (Vec<float>)((bits + 127u) << 23);            // 2^k, k in [-116, 116]: a normal float
 }
 
 inline Vec<double> decay(Vec<double> v) {

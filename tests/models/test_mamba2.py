@@ -254,3 +254,53 @@ def test_a_training_step_on_the_compiled_ssd_equals_the_pytorch_path(dtype):
     assert cpu_ssd("auto", torch.device("cpu")) is cpu_kernels.ssd_cpu and cpu_ssd("torch", torch.device("cpu")) is None
     tolerance = (1e-12, 1e-10) if dtype == torch.float64 else (1e-6, 1e-5)
     assert_training_step_equal_across_kernels("mamba2", dtype, *tolerance, hidden_size=32)
+
+
+@needs_compiler
+def test_compiled_ssd_takes_transposed_inputs_and_splits_rows_between_threads(monkeypatch):
+    # dense but transposed views of x, dt, B, C (their strides not row-major): the kernel reads
+    # them in their logical order, values and gradients as the loop over time's; and rows split
+    # between 3 threads give the 1-thread result exactly (each row is one thread's)
+    x, dt, A, B, C, _ = _inputs(b=3, L=9, H=4, P=5, G=2, N=3, seed=11)
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2), dt.transpose(1, 2).contiguous().transpose(1, 2), A,
+             B.transpose(1, 2).contiguous().transpose(1, 2), C.transpose(1, 2).contiguous().transpose(1, 2)]
+    assert not views[0].is_contiguous() and torch.equal(views[0], x)
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(12), dtype=f64)
+    y_ref, grads_ref = _values_and_gradients(lambda *t: ssd_recurrent(*t)[0], (x, dt, A, B, C), w)
+    leaves = [t.detach().requires_grad_() for t in views]           # the views themselves are the leaves
+    y = cpu_kernels.ssd_cpu(*leaves)
+    grads = torch.autograd.grad((y * w).sum(), leaves)
+    assert (y - y_ref).abs().max() <= 1e-12 * y_ref.abs().max()
+    for got, want in zip(grads, grads_ref):
+        assert (got - want).abs().max() <= 1e-10 * want.abs().max()
+    monkeypatch.setattr(cpu_kernels, "WORK_PER_THREAD", 1)          # split even this small call
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            results.append(_values_and_gradients(cpu_kernels.ssd_cpu, (x, dt, A, B, C), w))
+        (y1, g1), (y3, g3) = results
+        assert torch.equal(y1, y3) and all(torch.equal(a, b) for a, b in zip(g1, g3))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_compiler
+def test_the_compiled_kernels_refuse_shapes_they_would_read_out_of_bounds():
+    # more groups than heads (a division by zero in the kernel), heads not a multiple of the
+    # groups (B and C read past their end), a scan whose B has another state size than A's: one
+    # ValueError naming the tensor, before the kernel runs
+    x, dt, A, B, C, _ = _inputs(b=1, L=2, H=2, P=4, G=1, N=3, seed=13)
+    B4, C4 = B.repeat(1, 1, 4, 1), C.repeat(1, 1, 4, 1)             # 4 groups for 2 heads
+    with pytest.raises(ValueError, match="multiple of B's and C's groups"):
+        cpu_kernels.ssd_cpu(x, dt, A, B4, C4)
+    x4, dt4, A4 = x.repeat(1, 1, 2, 1), dt.repeat(1, 1, 2), A.repeat(2)
+    with pytest.raises(ValueError, match="multiple of B's and C's groups"):
+        cpu_kernels.ssd_cpu(x4, dt4, A4, B.repeat(1, 1, 3, 1), C.repeat(1, 1, 3, 1))   # 4 heads, 3 groups
+    with pytest.raises(ValueError, match="ssd_forward: dt must be"):
+        cpu_kernels.ssd_cpu(x, dt[:, :1], A, B, C)
+    xs, dts = torch.randn(1, 3, 16, dtype=f64), torch.rand(1, 3, 16, dtype=f64)
+    A_scan, B2 = -torch.rand(16, 4, dtype=f64), torch.randn(1, 3, 2, dtype=f64)
+    with pytest.raises(ValueError, match="scan_forward: B must be"):
+        cpu_kernels.selective_scan_cpu(xs, dts, A_scan, B2, B2)

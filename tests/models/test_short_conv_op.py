@@ -186,3 +186,25 @@ def test_compiled_silu_in_float32_at_width_256():
     assert (y.double() - ref).abs().max() <= 1e-6 * ref.abs().max()
     for got, want in zip(torch.autograd.grad((y * w.float()).sum(), leaves32), ref_grads):
         assert (got.double() - want).abs().max() <= 1e-6 * want.abs().max()
+
+
+@needs_compiler
+def test_the_compiled_convolution_reads_a_sliced_input_in_its_logical_order():
+    # x a column slice of a wider tensor (as a mixer's projection split in parts): the kernel
+    # function itself, called without short_conv_cpu's copy, gives the reference's values and
+    # gradients; a weight of another channel count is refused before the kernel runs
+    g = torch.Generator().manual_seed(21)
+    wide = torch.randn(2, 7, 10, generator=g, dtype=torch.float64)
+    weight = torch.randn(6, 1, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    x = wide[..., 2:8].requires_grad_()
+    assert not x.is_contiguous()
+    y = cpu_kernels.CpuShortConv.apply(x, weight, bias, True)
+    want = F.silu(short_conv_reference(x, weight, bias))
+    assert (y - want).abs().max() <= 1e-12 * want.abs().max()
+    w = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((y * w).sum(), (x, weight, bias))
+    expected = torch.autograd.grad((want * w).sum(), (x, weight, bias))
+    assert all((a - b).abs().max() <= 1e-10 * b.abs().max() for a, b in zip(got, expected))
+    with pytest.raises(ValueError, match="short_conv_forward: weight must be"):
+        cpu_kernels.CpuShortConv.apply(x.detach(), weight.detach()[:5], None, False)
