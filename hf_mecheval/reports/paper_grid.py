@@ -381,7 +381,8 @@ def _colours(labels) -> dict[str, tuple]:
 
 def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
     """AR test accuracy against width (log2 axis): each architecture's best rate per width (mean
-    over seeds, a line), every seed there a point, the paper's width-256 figure a black bar."""
+    over seeds, a line, its points nudged a little along the axis and marked by architecture),
+    every seed there a point, the paper's width-256 figure a black bar."""
     import matplotlib.pyplot as plt
 
     from .plots import save_figure
@@ -390,13 +391,14 @@ def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
     labels = sorted({label for label, _ in sel}, key=_order)
     colour = _colours(labels)
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    for label in labels:
+    for i, label in enumerate(labels):
         pts = sorted((d, s) for (l, d), s in sel.items() if l == label)
-        ax.plot([d for d, _ in pts], [100 * s.accuracy() for _, s in pts], marker="o", color=colour[label],
-                label=label)
+        nudge = _nudge(i, len(labels))
+        ax.plot([d * nudge for d, _ in pts], [100 * s.accuracy() for _, s in pts], marker=_marker(i),
+                color=colour[label], label=label)
         for d, s in pts:
-            ax.scatter([d] * len(s.best), [100 * r["test_accuracy"] for r in s.best], color=colour[label], s=14,
-                       alpha=0.5)
+            ax.scatter([d * nudge] * len(s.best), [100 * r["test_accuracy"] for r in s.best], color=colour[label],
+                       s=14, alpha=0.5)
         if label in PAPER_AR_WIDTH_256:
             ax.scatter([PAPER_WIDTH * 1.08], [PAPER_AR_WIDTH_256[label]], marker="_", s=300, color=colour[label],
                        linewidths=3)
@@ -407,6 +409,18 @@ def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.set_title("AR (ar_32) by width: best learning rate (line: mean over seeds; dots: seeds)")
     return save_figure(fig, path)
+
+
+def _nudge(i: int, n: int) -> float:
+    """A factor that moves the i-th of n architectures' points a little along the log2 width
+    axis (at most 0.1 octave either side), so that equal values at one width stay visible side
+    by side instead of hiding each other."""
+    return 2 ** (0.2 * (i - (n - 1) / 2) / max(n - 1, 1))
+
+
+def _marker(i: int) -> str:
+    """One marker per architecture, so that lines that meet stay told apart in black and white."""
+    return "osD^vPX*"[i % 8]
 
 
 def _width_axis(ax) -> None:
@@ -430,12 +444,14 @@ def restoration_width_figure(rows: list[dict], path: Path) -> Path:
     colour = _colours(labels)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
     for ax, p in zip(axes, ("value", "query", "key")):
-        for label in labels:
+        for i, label in enumerate(labels):
             pts = [(d, _scores(s)[p]) for (l, d), s in sorted(sel.items(), key=lambda kv: kv[0][1])
                    if l == label and _mech(s) != "failed"]
             pts = [(d, v) for d, v in pts if v is not None]
             if pts:
-                ax.plot([d for d, _ in pts], [v for _, v in pts], marker="o", color=colour[label], label=label)
+                nudge = _nudge(i, len(labels))
+                ax.plot([d * nudge for d, _ in pts], [v for _, v in pts], marker=_marker(i), color=colour[label],
+                        label=label)
         _width_axis(ax)
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_ylim(-0.2, 1.2)
