@@ -112,9 +112,10 @@ def test_depth_table_reads_restoration_layer_by_layer_and_compute_counts_hours(r
     # a run's cost by width: the median over the cell's one-thread, one-segment runs (1 h of CPU per
     # 64 of width here, twice that of wall time)
     cost = tables["grid_run_cost"]
-    n_256 = sum(1 for r in Sweep.load("reference/width_ar").runs
-                if r.args["architecture"] == "mamba" and r.args["hidden_size"] == 256)
-    assert f"| mamba (conv 4) | 30 / 15 (3) | 60 / 30 (3) | 120 / 60 (6) | 240 / 120 (3) | 480 / 240 ({n_256}) |" in cost
+    runs = Sweep.load("reference/width_ar").runs
+    n = {d: sum(1 for r in runs if r.args["architecture"] == "mamba" and r.args["hidden_size"] == d) for d in (128, 256)}
+    assert (f"| mamba (conv 4) | 30 / 15 (3) | 60 / 30 (3) | 120 / 60 (6) | 240 / 120 ({n[128]}) | 480 / 240 ({n[256]}) |"
+            in cost)
 
 
 def test_grid_figures_are_drawn_for_the_blocks_present(results, tmp_path):
