@@ -126,7 +126,7 @@ def scan_forward(x, dt, A_ne, Bm, C, D_rows=None, z=None, bias_rows=None, softpl
     D_rows, bias_rows: (B, E); all contiguous, of one dtype (float32 or float64), on the CPU. None
     turns that option off (``selective_scan_cpu.cpp``)."""
     out = x.new_empty(x.shape)
-    _run_rows("scan_forward", [x, dt, A_ne, Bm, C, D_rows, z, bias_rows, out], softplus)
+    _run_rows("scan_forward", dict(x=x, dt=dt, A=A_ne, B=Bm, C=C, D=D_rows, z=z, bias=bias_rows, out=out), softplus)
     return out
 
 
@@ -139,8 +139,8 @@ def scan_backward(x, dt, A_ne, Bm, C, D_rows, z, bias_rows, softplus, gout):
     gD = None if D_rows is None else D_rows.new_empty(D_rows.shape)
     gz = None if z is None else z.new_empty(z.shape)
     gbias = None if bias_rows is None else bias_rows.new_empty(bias_rows.shape)
-    _run_rows("scan_backward", [x, dt, A_ne, Bm, C, D_rows, z, bias_rows, gout, gx, gdt, gA, gB, gC, gD, gz, gbias],
-              softplus)
+    _run_rows("scan_backward", dict(x=x, dt=dt, A=A_ne, B=Bm, C=C, D=D_rows, z=z, bias=bias_rows, gout=gout, gx=gx,
+                                    gdt=gdt, gA=gA, gB=gB, gC=gC, gD=gD, gz=gz, gbias=gbias), softplus)
     return gx, gdt, gA, gB, gC, gD, gz, gbias
 
 
@@ -155,40 +155,40 @@ def _threads_for(work: int) -> int:
     return max(1, min(torch.get_num_threads(), work // WORK_PER_THREAD))
 
 
-def _check_layout(kernel: str, x: torch.Tensor, expected: dict[str, tuple]) -> None:
-    """Refuse a call the kernel would read out of bounds or in the wrong order: every tensor of
-    ``expected`` ({name: (tensor or None, its shape)}) has exactly that shape, x's dtype and a
-    contiguous layout (the kernels take bare pointers and row-major sizes)."""
-    for name, (t, shape) in expected.items():
+def _call(kernel: str, tensors: dict[str, torch.Tensor | None], shapes: dict[str, tuple], sizes: tuple) -> None:
+    """Call ``kernel`` (of the first tensor's dtype) with a pointer to each of ``tensors`` (in the
+    kernel's argument order; null for None), then ``sizes``. Each tensor must have the shape
+    ``shapes`` gives its name, the first tensor's dtype and a contiguous layout, or the call is
+    refused before the kernel runs: the kernels take bare pointers and row-major sizes, and would
+    read out of bounds or in the wrong order. ctypes releases the GIL during the call."""
+    x = next(iter(tensors.values()))
+    for name, t in tensors.items():
         if t is None:
             continue
-        if tuple(t.shape) != tuple(shape) or t.dtype != x.dtype or not t.is_contiguous():
-            raise ValueError(f"{kernel}: {name} must be a contiguous {x.dtype} tensor of shape {tuple(shape)}, "
+        shape = tuple(shapes[name])
+        if tuple(t.shape) != shape or t.dtype != x.dtype or not t.is_contiguous():
+            raise ValueError(f"{kernel}: {name} must be a contiguous {x.dtype} tensor of shape {shape}, "
                              f"got {t.dtype} {tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}")
-
-
-def _run_rows(kernel: str, tensors: list, softplus: bool) -> None:
-    """Call ``kernel`` (of x's dtype) with a pointer to each tensor (null for None) and (rows, L, N,
-    E, A per row, softplus, threads): the kernels' calling convention. ``tensors`` has x (B, L, E)
-    first and A (N, E) or (B, N, E) third; every other tensor has one row per batch row. The kernel
-    splits the rows between as many threads as torch uses (``_threads_for``; ctypes releases the
-    GIL during the call)."""
-    x, A_ne = tensors[0], tensors[2]
-    rows, L, E = x.shape
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
+    pointers = (ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors.values())
+    fn(*pointers, *(ctypes.c_int64(v) for v in sizes))
+
+
+def _run_rows(kernel: str, tensors: dict[str, torch.Tensor | None], softplus: bool) -> None:
+    """Call the scan ``kernel`` with ``tensors`` (``_call``) and (rows, L, N, E, A per row,
+    softplus, threads): x (B, L, E) and A (N, E) or (B, N, E) among them, every other tensor with
+    one row per batch row. The kernel splits the rows between as many threads as torch uses
+    (``_threads_for``)."""
+    x, A_ne = tensors["x"], tensors["A"]
+    rows, L, E = x.shape
     N = A_ne.shape[-2]
-    per_position, per_row = (rows, L, E), (rows, E)
-    names = {"scan_forward": ["x", "dt", "A", "B", "C", "D", "z", "bias", "out"],
-             "scan_backward": ["x", "dt", "A", "B", "C", "D", "z", "bias", "gout", "gx", "gdt", "gA", "gB", "gC",
-                               "gD", "gz", "gbias"]}[kernel]
-    shapes = {"x": per_position, "dt": per_position, "z": per_position, "out": per_position, "gout": per_position,
-              "gx": per_position, "gdt": per_position, "gz": per_position, "A": tuple(A_ne.shape[-2:]) if A_ne.dim() == 2
-              else (rows, N, E), "gA": (rows, N, E), "B": (rows, L, N), "C": (rows, L, N), "gB": (rows, L, N),
-              "gC": (rows, L, N), "D": per_row, "bias": per_row, "gD": per_row, "gbias": per_row}
-    _check_layout(kernel, x, {n: (t, shapes[n]) for n, t in zip(names, tensors)})
+    per_position, per_row, per_state = (rows, L, E), (rows, E), (rows, L, N)
+    shapes = dict(x=per_position, dt=per_position, z=per_position, out=per_position, gout=per_position,
+                  gx=per_position, gdt=per_position, gz=per_position, A=A_ne.shape if A_ne.dim() == 2 else (rows, N, E),
+                  gA=(rows, N, E), B=per_state, C=per_state, gB=per_state, gC=per_state, D=per_row, bias=per_row,
+                  gD=per_row, gbias=per_row)
     threads = _threads_for(SCAN_FLOPS_PER_STATE["forward"] * rows * L * N * E)
-    sizes = (rows, L, N, E, int(A_ne.dim() == 3), int(softplus), threads)
-    fn(*(ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+    _call(kernel, tensors, shapes, (rows, L, N, E, int(A_ne.dim() == 3), int(softplus), threads))
 
 
 class CpuSelectiveScan(torch.autograd.Function):
@@ -205,8 +205,7 @@ class CpuSelectiveScan(torch.autograd.Function):
         # x, dt, z: (B, L, E); A: (E, N) or (B, E, N); B, C: (B, L, N); D, delta_bias: (E,) or (B, E)
         rows = x.shape[0]
         return scan_forward(x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous(),
-                            _per_row(D, rows), None if z is None else z.contiguous(), _per_row(delta_bias, rows),
-                            delta_softplus)
+                            _per_row(D, rows), _contiguous(z), _per_row(delta_bias, rows), delta_softplus)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -220,7 +219,7 @@ class CpuSelectiveScan(torch.autograd.Function):
         rows = x.shape[0]
         gx, gdt, gA, gB, gC, gD, gz, gbias = scan_backward(
             x.contiguous(), dt.contiguous(), _state_major(A, 3), B.contiguous(), C.contiguous(), _per_row(D, rows),
-            None if z is None else z.contiguous(), _per_row(delta_bias, rows), ctx.delta_softplus, gout.contiguous())
+            _contiguous(z), _per_row(delta_bias, rows), ctx.delta_softplus, gout.contiguous())
         gA = gA.transpose(1, 2) if A.dim() == 3 else gA.sum(0).T            # (B, E, N) or (E, N)
         gD = None if D is None else gD if D.dim() == 2 else gD.sum(0)
         gbias = None if delta_bias is None else gbias if delta_bias.dim() == 2 else gbias.sum(0)
@@ -248,13 +247,17 @@ def selective_scan_cpu(x, dt, A, B, C, D=None, z=None, delta_bias=None, delta_so
     """out (B, L, E), as ``selective_scan`` (followed by the options: ``CpuSelectiveScan``), by the
     compiled kernel (where ``available()``). Inputs in a lower precision are scanned in float32;
     out comes back in x's dtype."""
-    dtype = x.dtype
-    given = [t for t in (x, dt, A, B, C, D, z, delta_bias) if t is not None]
-    inputs = [x, dt, A, B, C, D, z, delta_bias]
-    if len({t.dtype for t in given}) > 1 or any(t.dtype.itemsize < 4 for t in given):   # the kernels take one dtype
-        compute = torch.float64 if all(t.dtype == torch.float64 for t in given) else torch.float32
-        inputs = [None if t is None else t.to(compute) for t in inputs]
-    return CpuSelectiveScan.apply(*inputs, delta_softplus).to(dtype)
+    return CpuSelectiveScan.apply(*_one_dtype([x, dt, A, B, C, D, z, delta_bias]), delta_softplus).to(x.dtype)
+
+
+def _one_dtype(inputs: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """The inputs in the one dtype a kernel takes: as they are where they share float32 or
+    float64, else all in float64 where all are, else in float32 (lower precisions widened)."""
+    given = [t for t in inputs if t is not None]
+    if len({t.dtype for t in given}) == 1 and given[0].dtype.itemsize >= 4:
+        return inputs
+    compute = torch.float64 if all(t.dtype == torch.float64 for t in given) else torch.float32
+    return [None if t is None else t.to(compute) for t in inputs]
 
 
 # --------------------------------------------------------------------------- the short convolution
@@ -269,7 +272,8 @@ class CpuShortConv(torch.autograd.Function):
     def forward(x, weight, bias, silu):
         x = x.contiguous()
         y = x.new_empty(x.shape)
-        _run_conv("short_conv_forward", [x, _taps_major(weight), _contiguous(bias), y], weight.dim() == 4, silu)
+        _run_conv("short_conv_forward", dict(x=x, weight=_taps_major(weight), bias=_contiguous(bias), y=y),
+                  weight.dim() == 4, silu)
         return y
 
     @staticmethod
@@ -285,8 +289,8 @@ class CpuShortConv(torch.autograd.Function):
         gx = x.new_empty(x.shape)
         gw = x.new_empty(x.shape[0], weight.shape[-1], x.shape[-1])                # (B, K, C): one share per row
         gbias = None if bias is None else x.new_empty(x.shape[0], x.shape[-1])    # (B, C)
-        _run_conv("short_conv_backward", [x, _taps_major(weight), _contiguous(bias), g.contiguous(), gx, gw, gbias],
-                  weight.dim() == 4, ctx.silu)
+        _run_conv("short_conv_backward", dict(x=x, weight=_taps_major(weight), bias=_contiguous(bias), g=g.contiguous(),
+                                              gx=gx, gw=gw, gbias=gbias), weight.dim() == 4, ctx.silu)
         per_row = weight.dim() == 4
         gw = gw.transpose(1, 2)[:, :, None, :] if per_row else gw.sum(0).T[:, None, :]
         if gbias is not None and not per_row:
@@ -314,21 +318,15 @@ def _taps_major(weight: torch.Tensor) -> torch.Tensor:
     return weight[..., 0, :].transpose(-1, -2).contiguous()
 
 
-def _run_conv(kernel: str, tensors: list, per_row: bool, silu: bool) -> None:
-    """Call ``kernel`` with a pointer to each tensor (null for None) and (rows, L, C, K, weight per
-    row, silu, threads). ``tensors``: x (B, L, C) first, the weight (K, C) or (B, K, C) second."""
-    x, w = tensors[0], tensors[1]
+def _run_conv(kernel: str, tensors: dict[str, torch.Tensor | None], per_row: bool, silu: bool) -> None:
+    """Call the convolution ``kernel`` with ``tensors`` (``_call``) and (rows, L, C, K, weight per
+    row, silu, threads): x (B, L, C) and the weight (K, C) or (B, K, C) among them."""
+    x, w = tensors["x"], tensors["weight"]
     rows, L, C = x.shape
-    fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     K = w.shape[-2]
-    names = {"short_conv_forward": ["x", "weight", "bias", "y"],
-             "short_conv_backward": ["x", "weight", "bias", "g", "gx", "gw", "gbias"]}[kernel]
-    shapes = {"x": (rows, L, C), "y": (rows, L, C), "g": (rows, L, C), "gx": (rows, L, C),
-              "weight": (rows, K, C) if per_row else (K, C), "gw": (rows, K, C),
-              "bias": (rows, C) if per_row else (C,), "gbias": (rows, C)}
-    _check_layout(kernel, x, {n: (t, shapes[n]) for n, t in zip(names, tensors)})
-    sizes = (rows, L, C, K, int(per_row), int(silu), _threads_for(2 * rows * L * C * K))
-    fn(*(ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+    shapes = dict(x=(rows, L, C), y=(rows, L, C), g=(rows, L, C), gx=(rows, L, C), gw=(rows, K, C), gbias=(rows, C),
+                  weight=(rows, K, C) if per_row else (K, C), bias=(rows, C) if per_row else (C,))
+    _call(kernel, tensors, shapes, (rows, L, C, K, int(per_row), int(silu), _threads_for(2 * rows * L * C * K)))
 
 
 def short_conv_cpu(x, weight, bias=None, activation: str | None = None) -> torch.Tensor:
@@ -371,7 +369,7 @@ class CpuSsd(torch.autograd.Function):
         # but transposed input would give empty_like's output its order, which the kernel ignores
         x, dt, B, C = (t.contiguous() for t in (x, dt, B, C))
         y = x.new_empty(x.shape)
-        _run_ssd("ssd_forward", [x, dt, _per_row(A, x.shape[0]), B, C, y])
+        _run_ssd("ssd_forward", dict(x=x, dt=dt, A=_per_row(A, x.shape[0]), B=B, C=C, y=y))
         return y
 
     @staticmethod
@@ -385,7 +383,8 @@ class CpuSsd(torch.autograd.Function):
         gx, gdt = x.new_empty(x.shape), dt.new_empty(dt.shape)
         gA = x.new_empty(x.shape[0], x.shape[2])                                # (B, H): one share per row
         gB, gC = B.new_empty(B.shape), C.new_empty(C.shape)
-        _run_ssd("ssd_backward", [x, dt, _per_row(A, x.shape[0]), B, C, gy.contiguous(), gx, gdt, gA, gB, gC])
+        _run_ssd("ssd_backward", dict(x=x, dt=dt, A=_per_row(A, x.shape[0]), B=B, C=C, gy=gy.contiguous(), gx=gx,
+                                      gdt=gdt, gA=gA, gB=gB, gC=gC))
         return gx, gdt, gA if A.dim() == 2 else gA.sum(0), gB, gC
 
     @staticmethod
@@ -397,32 +396,22 @@ class CpuSsd(torch.autograd.Function):
         return y.view(K, b, *y.shape[1:]), 0
 
 
-def _run_ssd(kernel: str, tensors: list[torch.Tensor]) -> None:
-    """Call ``kernel`` with a pointer to each tensor and (rows, L, H, P, G, N, threads). ``tensors``:
-    x (B, L, H, P) first, B (B, L, G, N) fourth."""
-    x, B = tensors[0], tensors[3]
+def _run_ssd(kernel: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Call the SSD ``kernel`` with ``tensors`` (``_call``) and (rows, L, H, P, G, N, threads): x
+    (B, L, H, P) and B (B, L, G, N) among them; the heads a multiple of the groups."""
+    x, B = tensors["x"], tensors["B"]
     rows, L, H, P = x.shape
     G, N = B.shape[-2:]
     if G < 1 or H % G:
         raise ValueError(f"{kernel}: the heads ({H}) must be a multiple of B's and C's groups ({G})")
-    names = {"ssd_forward": ["x", "dt", "A", "B", "C", "y"],
-             "ssd_backward": ["x", "dt", "A", "B", "C", "gy", "gx", "gdt", "gA", "gB", "gC"]}[kernel]
-    shapes = {"x": (rows, L, H, P), "y": (rows, L, H, P), "gy": (rows, L, H, P), "gx": (rows, L, H, P),
-              "dt": (rows, L, H), "gdt": (rows, L, H), "A": (rows, H), "gA": (rows, H),
-              "B": (rows, L, G, N), "C": (rows, L, G, N), "gB": (rows, L, G, N), "gC": (rows, L, G, N)}
-    _check_layout(kernel, x, {n: (t, shapes[n]) for n, t in zip(names, tensors)})
-    fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
-    sizes = (rows, L, H, P, G, N, _threads_for(3 * rows * L * H * P * N))
-    fn(*(_ptr(t) for t in tensors), *(ctypes.c_int64(v) for v in sizes))
+    per_channel, per_head, per_group = (rows, L, H, P), (rows, L, H), (rows, L, G, N)
+    shapes = dict(x=per_channel, y=per_channel, gy=per_channel, gx=per_channel, dt=per_head, gdt=per_head, A=(rows, H),
+                  gA=(rows, H), B=per_group, C=per_group, gB=per_group, gC=per_group)
+    _call(kernel, tensors, shapes, (rows, L, H, P, G, N, _threads_for(3 * rows * L * H * P * N)))
 
 
 def ssd_cpu(x, dt, A, B, C) -> torch.Tensor:
     """y (B, L, H, P) = ``ops_ssd.ssd_chunked(x, dt, A, B, C, ...)[0]`` (no D, no initial state) by
     the compiled scan (where ``available()``). Inputs in a lower precision are scanned in float32;
     y comes back in x's dtype."""
-    dtype = x.dtype
-    inputs = [x, dt, A, B, C]
-    if len({t.dtype for t in inputs}) > 1 or any(t.dtype.itemsize < 4 for t in inputs):   # the kernels take one dtype
-        compute = torch.float64 if all(t.dtype == torch.float64 for t in inputs) else torch.float32
-        inputs = [t.to(compute) for t in inputs]
-    return CpuSsd.apply(*inputs).to(dtype)
+    return CpuSsd.apply(*_one_dtype([x, dt, A, B, C])).to(x.dtype)
