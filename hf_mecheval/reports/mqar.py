@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..runs.files import format_score  # noqa: E402
+from ..training.sweep import best_learning_rate  # noqa: E402
 from .plots import save_figure  # noqa: E402
 
 
@@ -38,12 +39,7 @@ def chosen_runs(rows: list[dict]) -> dict[tuple[str, str, int], list[dict]]:
     for r in rows:
         key = (r["task"], r["label"], r["hidden_size"])
         by_rate.setdefault(key, {}).setdefault(r.get("learning_rate") or 0.0, []).append(r)
-    out = {}
-    for key in sorted(by_rate, key=lambda k: (k[0], k[1], k[2])):
-        rates = by_rate[key]
-        best = max(sorted(rates), key=lambda lr: _mean([r["validation_accuracy"] for r in rates[lr]]))
-        out[key] = rates[best]
-    return out
+    return {key: by_rate[key][best_learning_rate(by_rate[key])] for key in sorted(by_rate)}
 
 
 def setting_accuracy(runs: list[dict]) -> dict[tuple[int, int], float]:
