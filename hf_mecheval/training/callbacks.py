@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 from ..errors import MechEvalError
 from ..interventions.engine import engine_for
 from ..interventions.grid import POSITIONS, cell, run_grid
+from ..runs.code_version import code_version
 from ..runs.manifest import write_run_file
 from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData
@@ -123,20 +124,25 @@ class TrainingClock(TrainerCallback):
     checkpoint keeps the time spent before): wall seconds, and the process's CPU seconds (all of
     its threads), which a paused process (``kill -STOP``) or one waiting for a busy core does not
     accumulate. Each checkpoint gets ``wall_time.json`` with the figures so far, and a resumed run
-    starts from its checkpoint's."""
+    starts from its checkpoint's. The code each segment ran (``runs.code_version``) is kept the
+    same way: a run resumed with other code says so in metrics.json's ``train_code``."""
 
     FILE = "wall_time.json"
 
     def __init__(self, resumed_from: str | None = None):
-        self.before, self.cpu_before, self.segments = 0.0, 0.0, 1
+        self.before, self.cpu_before, self.segments, code_before = 0.0, 0.0, 1, []
         if resumed_from is not None and (Path(resumed_from) / self.FILE).exists():
             try:
                 saved = json.loads((Path(resumed_from) / self.FILE).read_text())
                 self.before, self.segments = float(saved["seconds"]), int(saved["segments"]) + 1
                 # None: a checkpoint from before CPU time was kept, whose CPU time is unknown
                 self.cpu_before = None if saved.get("cpu_seconds") is None else float(saved["cpu_seconds"])
+                code_before = saved.get("code") if isinstance(saved.get("code"), list) else []
             except (OSError, ValueError, KeyError, TypeError):   # damaged: the time before is unknown
                 self.segments, self.cpu_before = 2, None
+        # one entry per segment; None for a segment whose code is unknown (a checkpoint from before it was kept)
+        code_before = code_before[:self.segments - 1]
+        self.code = [None] * (self.segments - 1 - len(code_before)) + code_before + [code_version()]
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     @property
@@ -155,13 +161,14 @@ class TrainingClock(TrainerCallback):
         if state.is_world_process_zero and checkpoint.is_dir():
             # recorded relative to the run folder (``args.output_dir`` may be relative to the current one)
             write_run_file(args.output_dir, f"{checkpoint.name}/{self.FILE}", json.dumps(
-                {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "segments": self.segments}))
+                {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "segments": self.segments,
+                 "code": self.code}))
 
     def summary(self) -> dict:
         """What metrics.json records: wall and CPU seconds of training (CPU: None when a segment's
-        is unknown), the segments it took, the threads."""
+        is unknown), the segments it took, the threads, the code of each segment."""
         import torch
 
         cpu = self.cpu_seconds
         return {"train_wall_seconds": round(self.seconds, 1), "train_cpu_seconds": None if cpu is None else round(cpu, 1),
-                "train_segments": self.segments, "threads": torch.get_num_threads()}
+                "train_segments": self.segments, "threads": torch.get_num_threads(), "train_code": self.code}

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 import hf_mecheval  # noqa: F401
 from hf_mecheval.errors import MechEvalError
+from hf_mecheval.runs.code_version import code_version
 from hf_mecheval.training.command_line import parse
 from hf_mecheval.training.spec import RunSpec
 from hf_mecheval.training.run import main, train
@@ -371,6 +372,7 @@ def test_wall_time_adds_up_over_a_resume(tmp_path):
     assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 0
     final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]
     assert final["train_segments"] == 2 and final["threads"] == torch.get_num_threads()
+    assert saved["code"] == [code_version()] and final["train_code"] == [code_version()] * 2   # one per segment
     # the second segment trained as many steps as the first: the total is more than the first alone
     assert final["train_wall_seconds"] > saved["seconds"] and final["train_cpu_seconds"] > saved["cpu_seconds"]
 
@@ -383,6 +385,7 @@ def test_cpu_time_is_unknown_after_a_checkpoint_without_it_and_leaves_out_a_paus
     (old / TrainingClock.FILE).write_text(json.dumps({"seconds": 50.0, "segments": 1}))
     clock = TrainingClock(str(old))
     assert clock.summary()["train_cpu_seconds"] is None and clock.summary()["train_segments"] == 2
+    assert clock.summary()["train_code"] == [None, code_version()]  # the first segment's code is unknown
     assert clock.summary()["train_wall_seconds"] >= 50.0
     clock = TrainingClock()
     time.sleep(0.3)                                       # idle, as a paused process: wall time only
