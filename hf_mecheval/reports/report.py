@@ -40,6 +40,7 @@ from ..experiments import read_experiment  # noqa: E402
 from .html_report import html_page  # noqa: E402
 from .mqar import mqar_figures, mqar_rows, mqar_table, zoology_table  # noqa: E402
 from .plots import save_figure  # noqa: E402
+from ..training.sweep import best_learning_rate  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
 COMPONENTS = ("mixer.conv_output", "mixer.state", "mixer_output")
@@ -146,11 +147,23 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
     widths = sorted({r["hidden_size"] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(widths) > 1:
-        for label in sorted({r["label"] for r in rows}):
-            pts = sorted((r["hidden_size"], r["test_accuracy"]) for r in rows if r["label"] == label)
-            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=label)
+        # every run a faint point; the line through each width's chosen rate (best mean validation
+        # accuracy, as the results tables choose it), at the mean test accuracy over its seeds
+        for i, label in enumerate(sorted({r["label"] for r in rows})):
+            mine, color = [r for r in rows if r["label"] == label], f"C{i % 10}"
+            ax.scatter([r["hidden_size"] for r in mine], [100 * r["test_accuracy"] for r in mine], s=14,
+                       color=color, alpha=0.35)
+            line = []
+            for width in sorted({r["hidden_size"] for r in mine}):
+                by_lr: dict = {}
+                for r in mine:
+                    if r["hidden_size"] == width:
+                        by_lr.setdefault(r.get("learning_rate"), []).append(r)
+                chosen = by_lr[best_learning_rate(by_lr)]
+                line.append((width, 100 * sum(r["test_accuracy"] for r in chosen) / len(chosen)))
+            ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", color=color, label=label)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("hidden size")
+        ax.set_xlabel("hidden size (line: the rate chosen on validation; dots: every run)")
         ax.legend(fontsize=8)
     else:
         ax.bar(range(len(rows)), [100 * r["test_accuracy"] for r in rows], color="tab:blue")

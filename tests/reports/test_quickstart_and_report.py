@@ -172,3 +172,27 @@ def test_bars_of_runs_that_share_a_label_name_their_rate_and_seed():
             {"label": "based", "learning_rate": 0.001, "seed": 0}, {"label": "based", "learning_rate": 0.001, "seed": 1}]
     assert run_tick_labels(rows) == ["mamba (conv 2), lr 0.01", "mamba (conv 2), lr 0.003", "mamba (conv 3)",
                                      "based, lr 0.001, s0", "based, lr 0.001, s1"]
+
+
+def test_accuracy_against_width_draws_the_line_through_the_rate_chosen_on_validation(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from hf_mecheval.reports import report
+
+    def row(width, lr, seed, validation, test):
+        return {"label": "mamba (conv 4)", "architecture": "mamba", "hidden_size": width, "learning_rate": lr,
+                "seed": seed, "validation_accuracy": validation, "test_accuracy": test, "conv_kernel": 4}
+
+    # at 128 the rate with the best mean validation (3e-3, two seeds) is not the one with the best test
+    rows = [row(128, 3e-3, 0, 0.80, 0.70), row(128, 3e-3, 1, 0.90, 0.80), row(128, 1e-2, 0, 0.84, 0.95),
+            row(256, 1e-3, 0, 0.60, 0.55), row(256, 3e-3, 0, 0.0, 0.0)]
+    drawn = {}
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig) and path)
+    report.figures(rows, tmp_path)
+    ax = drawn["accuracy.png"].axes[0]
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [128, 256]
+    assert list(line.get_ydata()) == pytest.approx([75.0, 55.0])       # 3e-3's mean test at 128; 1e-3 at 256
+    dots = ax.collections[0].get_offsets()                             # every run, as a dot
+    assert sorted(map(tuple, dots.tolist())) == sorted((r["hidden_size"], 100 * r["test_accuracy"]) for r in rows)
+    plt.close("all")
