@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..training.sweep import Sweep
-from .report import model_label
+from .report import model_label, run_seconds
 from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
                                 REFERENCE_RECIPE, Selection, _order, _table, _width, recipe)
 
@@ -325,8 +325,8 @@ def compute_table(results: dict[str, list[dict]]) -> str:
                 planned_runs += len(Sweep.load(SWEEP_FILES[s]).runs)
             except MechEvalError:     # not written yet
                 pass
-        cpu = sum(r.get("train_cpu_seconds") or 0 for r in rows) / 3600
-        wall = sum(r.get("train_wall_seconds") or 0 for r in rows) / 3600
+        cpu = sum(run_seconds(r, "train_cpu_seconds") or 0 for r in rows) / 3600
+        wall = sum(run_seconds(r, "train_wall_seconds") or 0 for r in rows) / 3600
         lines.append([block, f"{len(rows)} of {planned_runs}", f"{cpu:.1f}", f"{wall:.1f}"])
     return _table(["block", "runs finished", "CPU hours", "wall hours"], lines)
 
@@ -334,7 +334,8 @@ def compute_table(results: dict[str, list[dict]]) -> str:
 def run_cost_table(rows: list[dict]) -> str:
     """What one 50 016-step AR run costs, per architecture and width: the median wall and CPU
     minutes of its runs that trained in one segment with one thread (beside one other run, as
-    the sweeps run), and how many runs that median is of."""
+    the sweeps run), and how many runs that median is of; a run trained in a stack counts its
+    share of the stack's time (``report.run_seconds``)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("threads") == 1 and r.get("train_segments") == 1 and r.get("train_cpu_seconds") \
@@ -351,8 +352,9 @@ def run_cost_table(rows: list[dict]) -> str:
         cells = []
         for width in WIDTHS:
             rs = groups.get((label, width))
-            cells.append(f"{median([r['train_wall_seconds'] for r in rs]) / 60:.0f} / "
-                         f"{median([r['train_cpu_seconds'] for r in rs]) / 60:.0f} ({len(rs)})" if rs else "—")
+            cells.append(f"{median([run_seconds(r) for r in rs]) / 60:.0f} / "
+                         f"{median([run_seconds(r, 'train_cpu_seconds') for r in rs]) / 60:.0f} ({len(rs)})"
+                         if rs else "—")
         lines.append([label] + cells)
     return _table(["model"] + [f"width {d}: wall / CPU min (runs)" for d in WIDTHS], lines)
 

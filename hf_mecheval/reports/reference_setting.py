@@ -18,7 +18,7 @@ import math
 
 from ..experiments import read_experiment
 from ..training.sweep import Sweep, best_learning_rate, mean_validation_accuracy
-from .report import model_label
+from .report import model_label, run_seconds
 
 # Each table's sweeps: the reference's recipe (its initialisation, no clipping: ``reference/recipe_*``)
 # and hf-mecheval's earlier one (every linear weight N(0, 0.02), clipping at 1.0: ``reference/ar``,
@@ -101,7 +101,7 @@ def _mechanism(rows: list[dict]) -> str:
 
 
 def _minutes(rows: list[dict]) -> str:
-    seconds = [r.get("train_wall_seconds") or r.get("train_seconds") for r in rows]
+    seconds = [run_seconds(r) for r in rows]
     seconds = [s for s in seconds if s]
     return f"{sum(seconds) / len(seconds) / 60:.0f}" if seconds else "n/a"
 

@@ -55,6 +55,14 @@ def _train_seconds(metrics: dict) -> float | None:
     return times[-1] if times else None
 
 
+def run_seconds(row: dict, key: str = "train_wall_seconds") -> float | None:
+    """A run's own share of a training time (``key``: train_wall_seconds or train_cpu_seconds; the
+    wall time falls back to the Trainer's train_seconds): a run trained in a stack of K shows its
+    stack's time (``stack_size`` K in its metrics), of which it is one K-th."""
+    seconds = row.get(key) or (row.get("train_seconds") if key == "train_wall_seconds" else None)
+    return None if not seconds else seconds / (row.get("stack_size") or 1)
+
+
 def run_label(record: dict) -> str:
     return model_label(record["model"])
 
@@ -95,7 +103,8 @@ def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict 
                "train_seconds": _train_seconds(metrics)}
         # written by runs since the wall clock and the test head exist (training.callbacks.TrainingClock)
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_head_size", "train_head_accuracy",
-                    "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads", "test_by_setting"):
+                    "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads", "stack_size",
+                    "test_by_setting"):
             if key in final:
                 row[key] = final[key]
         result = run_dir.interventions()

@@ -29,7 +29,7 @@ from .mqar import mqar_table, zoology_table
 from .paper_grid import GRID_SWEEPS, grid_figures, grid_tables
 from .reference_figures import reference_figures
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
-from .report import figures
+from .report import figures, run_seconds
 from ..runs.files import RESULT_ROWS
 
 MQAR_SWEEPS = ("cpu_mqar", "cpu_mqar_zoology")
@@ -176,7 +176,7 @@ def claim_tables(results: dict[str, list[dict]]) -> dict[str, str]:
         tables["claim7"] = _table(["task", "seeds"] + MECHANISM_COLUMNS, lines)
     compute = []
     for sweep, rows in results.items():
-        seconds = sum(r.get("train_wall_seconds") or r.get("train_seconds") or 0 for r in rows)
+        seconds = sum(run_seconds(r) or 0 for r in rows)
         compute.append([sweep, str(len(rows)), f"{seconds / 60:.1f}"])
     tables["compute"] = _table(["sweep", "runs", "training wall time (min, 2-core CPU)"], compute)
     if any(sweep in results for sweep in REFERENCE_SWEEPS):

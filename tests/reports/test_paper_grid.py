@@ -118,6 +118,16 @@ def test_depth_table_reads_restoration_layer_by_layer_and_compute_counts_hours(r
             in cost)
 
 
+def test_a_stacked_run_counts_its_share_of_its_stacks_time(results):
+    before = grid_tables(results)
+    for r in results["ref_width_ar"]:
+        if r["hidden_size"] == 16:                     # trained three to a stack: each shows the stack's time
+            r.update(stack_size=3, train_cpu_seconds=3 * r["train_cpu_seconds"],
+                     train_wall_seconds=3 * r["train_wall_seconds"])
+    after = grid_tables(results)
+    assert after["grid_run_cost"] == before["grid_run_cost"] and after["grid_compute"] == before["grid_compute"]
+
+
 def test_grid_figures_are_drawn_for_the_blocks_present(results, tmp_path):
     made = grid_figures(results, tmp_path)
     assert sorted(p.name for p in made) == ["accuracy_by_width.png", "restoration_by_layer.png",
