@@ -259,6 +259,21 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 1 if outcome["failed"] else 0
 
 
+def _queue(args: argparse.Namespace) -> int:
+    from .runs.files import GridSettings
+    from .training.queue import run_queue, runs_left
+
+    grid = GridSettings(n=args.n)
+    if args.dry_run:
+        left = runs_left(args.file, args.out, grid)
+        print("".join(f"{name}\n" for name in left) + f"{len(left)} runs left")
+        return 0
+    outcome = run_queue(args.file, args.out, threads=args.threads, grid=grid)
+    print(f"queue: {len(outcome['finished'])} runs finished, {len(outcome['failed'])} failed"
+          + "".join(f"\nfailed: {name}" for name in outcome["failed"]))
+    return 1 if outcome["failed"] else 0
+
+
 def _workers(text: str) -> str | int:
     if text == "auto":
         return text
@@ -449,6 +464,20 @@ def build_parser() -> argparse.ArgumentParser:
                                             "measured again with the halved weights).")
     halve.add_argument("run_dirs", nargs="+", metavar="run_dir", help="finished run directories")
     halve.set_defaults(func=_halve)
+
+    queue = commands.add_parser(
+        "queue", help="train the runs of several sweeps in a priority order; start it once per core for lanes",
+        description="Train, one at a time with its intervention grid, the first run of a queue file (a YAML list "
+                    "of {sweep: NAME, only: [PATTERN, ...]}, first to last) that is not done and that no other "
+                    "queue process holds; read the file again before every run; stop when nothing is left to "
+                    "take or when OUT/queue.stop exists. Start it once per core: the processes share the work.")
+    queue.add_argument("file", help="the queue file (e.g. experiments/queue.yaml)")
+    queue.add_argument("--out", default="runs/reproduce", help="parent folder of the sweeps' directories "
+                                                               "(default runs/reproduce, as mecheval reproduce)")
+    queue.add_argument("--threads", type=_positive_int, default=1, help="CPU threads of each training (default 1)")
+    queue.add_argument("-n", type=_positive_int, default=320, help="documents for the interventions (default 320)")
+    queue.add_argument("--dry-run", action="store_true", help="list the runs left, in order, and exit")
+    queue.set_defaults(func=_queue)
 
     from .reports.reproduce import PRESETS as REPRODUCE_PRESETS
     rp = commands.add_parser("reproduce", help="a full reference sweep, then interventions on every run and the report",

@@ -92,3 +92,19 @@ def locked_file(path: str | os.PathLike):
         with contextlib.suppress(OSError):
             os.unlink(lock)
         os.close(fd)
+
+
+def try_lock_file(path: str | os.PathLike) -> int | None:
+    """An open descriptor holding an exclusive lock on the file ``path`` (created, with its folder,
+    if missing), or None where another process holds it. The caller closes the descriptor to let
+    go (or exits); the file stays, empty, for the next holder."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise MechEvalError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if _try_lock(fd):
+        return fd
+    os.close(fd)
+    return None

@@ -1,0 +1,168 @@
+"""``mecheval queue FILE``: train the runs of several sweeps in a priority order, each followed by
+its intervention grid; start it once per core for lanes that share the work.
+
+The queue file (YAML) lists sweep files, first to last, each with optional run-name patterns
+(``Sweep.select``'s shell-style patterns):
+
+    - {sweep: reference/width_ar, only: ["mamba_d256_*"]}
+    - {sweep: cpu/mqar_zoology}
+    - {sweep: reference/width_ar}          # the rest of it, later
+
+Before every pick the file and its sweep files are read again, so an edited order, or a run added
+to a sweep file, counts from the next run on. A process takes the first run, in the file's order,
+that is not done (trained, and with its grid unless it failed) and that no other process holds: it
+claims it with a lock on ``<out>/<sweep>/queue/<run>.lock`` (``flock``: the lock goes with the
+process, so a lane that is killed leaves no claim behind) and trains it with ``launch`` (from its
+last checkpoint where it has one). Runs that ``launch`` would stack (width 32 or less on a CPU,
+differing only in learning rate and seed) are claimed and trained together. A run that fails in a
+process is not picked again by that process. It stops when nothing is left that it could take, or
+when the file ``<out>/queue.stop`` exists (checked between runs: the run in flight finishes).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..errors import ConfigError, MechEvalError
+from ..inputs import load_yaml, refuse_non_finite
+from ..locks import try_lock_file
+from ..runs import RunDir
+from ..runs.files import GridSettings
+from .jobs import Run
+from .sweep import Sweep, launch, plan_jobs, write_results
+
+ENTRY_KEYS = ("sweep", "only")
+STOP_FILE = "queue.stop"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    sweep: Sweep
+    only: tuple[str, ...] | None
+
+    def runs(self) -> list[Run]:
+        return self.sweep.select(list(self.only) if self.only else None)
+
+
+def read_queue(path: str | Path) -> list[Entry]:
+    """The queue file's entries, each sweep loaded and each pattern checked (one that matches no run
+    of its sweep is refused, as ``--only`` refuses it)."""
+    try:
+        spec = load_yaml(Path(path).read_text(), str(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MechEvalError(f"cannot read the queue file {path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(spec, list) or not spec:
+        raise ConfigError("queue", f"{path} must be a list of entries like {{sweep: cpu/ar, only: ['mamba_*']}}")
+    refuse_non_finite(spec, str(path))
+    entries = []
+    for i, item in enumerate(spec):
+        where = f"{path}, entry {i + 1}"
+        if not isinstance(item, dict) or "sweep" not in item:
+            raise ConfigError("sweep", f"{where} must be a mapping with the key sweep (and optionally only), got {item!r}")
+        unknown = sorted(set(item) - set(ENTRY_KEYS))
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown key in {where}; allowed: {', '.join(ENTRY_KEYS)}")
+        if not isinstance(item["sweep"], str):
+            raise ConfigError("sweep", f"{where}: a sweep file or packaged sweep name, got {item['sweep']!r}")
+        only = item.get("only")
+        if only is not None and (not isinstance(only, list) or not only or not all(isinstance(p, str) for p in only)):
+            raise ConfigError("only", f"{where}: a list of run-name patterns, got {only!r}")
+        entry = Entry(Sweep.load(item["sweep"]), tuple(only) if only else None)
+        entry.runs()                       # a pattern that matches no run: refused here, naming it
+        entries.append(entry)
+    return entries
+
+
+def is_done(folder: RunDir, grid: GridSettings) -> bool:
+    """Nothing left to do for a run: it finished, and it failed or has its grid with ``grid``."""
+    return folder.finished and (folder.failure is not None or folder.grid_matches(grid))
+
+
+def runs_left(path: str | Path, out: str | Path, grid: GridSettings = GridSettings()) -> list[str]:
+    """``sweep/run`` of every run of the queue not done yet (its grid made with ``grid``), in the
+    order the lanes take them."""
+    left: dict[str, None] = {}
+    for e in read_queue(path):
+        for r in e.runs():
+            if not is_done(RunDir(Path(out) / e.sweep.name / "runs" / r.name), grid):
+                left.setdefault(f"{e.sweep.name}/{r.name}")     # a run two entries name: at its first
+    return list(left)
+
+
+@dataclasses.dataclass
+class Pick:
+    entry: Entry
+    runs: list[Run]
+    locks: list[int]                      # open descriptors holding the claims
+
+    def release(self) -> None:
+        for fd in self.locks:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def claim_path(out: Path, sweep: Sweep, run: Run) -> Path:
+    return out / sweep.name / "queue" / f"{run.name}.lock"
+
+
+def next_pick(entries: list[Entry], out: Path, grid: GridSettings, skip: set[str]) -> Pick | None:
+    """The first run, in the queue's order, that is not done, not in ``skip`` and not claimed by
+    another process, claimed, with the runs ``launch`` would train in one stack with it; or None."""
+    for entry in entries:
+        candidates = entry.runs()
+        for run in candidates:
+            key = f"{entry.sweep.name}/{run.name}"
+            if key in skip or is_done(RunDir(out / entry.sweep.name / "runs" / run.name), grid):
+                continue
+            fd = try_lock_file(claim_path(out, entry.sweep, run))
+            if fd is None:
+                continue                  # another lane has it
+            pick = Pick(entry, [run], [fd])
+            # its stack: the job plan_jobs would make of it with the candidates left to do
+            todo = [r for r in candidates if r is run or (
+                f"{entry.sweep.name}/{r.name}" not in skip
+                and not is_done(RunDir(out / entry.sweep.name / "runs" / r.name), grid))]
+            job = next(j for j in plan_jobs(todo, out / entry.sweep.name / "runs") if run.name in j.run_names())
+            for other in todo:
+                if other is not run and other.name in job.run_names():
+                    fd = try_lock_file(claim_path(out, entry.sweep, other))
+                    if fd is not None:
+                        pick.runs.append(other)
+                        pick.locks.append(fd)
+            return pick
+    return None
+
+
+def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: GridSettings = GridSettings(),
+              log=sys.stderr) -> dict:
+    """Train the queue's runs until none is left for this process (see the module docstring);
+    returns {"finished": [...], "failed": [...]} of the runs this process took, as ``sweep/run``
+    names (failed: diverged, or not trained: the log named in the line printed says why)."""
+    out = Path(out)
+    outcome: dict[str, list[str]] = {"finished": [], "failed": []}
+    tried: set[str] = set()
+    while not (out / STOP_FILE).exists():
+        pick = next_pick(read_queue(path), out, grid, tried)
+        if pick is None:
+            break
+        sweep, names = pick.entry.sweep, [r.name for r in pick.runs]
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {' '.join(names)}", file=log, flush=True)
+        try:
+            result = launch(sweep, out, workers=1, threads=threads, grid=grid, only=names)
+            write_results(sweep, out)
+        finally:
+            pick.release()
+        for name in names:
+            tried.add(f"{sweep.name}/{name}")
+            folder = RunDir(out / sweep.name / "runs" / name)
+            ok = is_done(folder, grid) and folder.failure is None       # diverged runs are done, and failed
+            outcome["finished" if ok else "failed"].append(f"{sweep.name}/{name}")
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {len(result['finished'])} finished"
+              + "".join(f"; failed: {line}" for line in result["failed"])
+              + "".join(f"; in use: {name}" for name in result["in_use"]), file=log, flush=True)
+    return outcome

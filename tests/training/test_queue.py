@@ -1,0 +1,163 @@
+"""mecheval queue: the order of a queue file, claims between lanes, stacks, stopping, bad files."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from hf_mecheval.cli import main as mecheval
+from hf_mecheval.errors import ConfigError, MechEvalError
+from hf_mecheval.runs import RunDir
+from hf_mecheval.runs.files import GridSettings
+from hf_mecheval.training.queue import STOP_FILE, next_pick, read_queue, run_queue, runs_left
+
+BASE = {"task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 64, "eval_size": 32, "max_steps": 4,
+        "max_position_embeddings": 16, "eval_strategy": "no", "save_strategy": "no"}
+GRID = GridSettings(n=8, resamples=10)
+
+
+def sweep_file(folder, name, **grid):
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "task": "ar_32", "defaults": {"hidden_size": 64, **BASE},
+                                    "grids": [grid]}))
+    return str(path)
+
+
+def queue_file(folder, entries):
+    path = folder / "queue.yaml"
+    path.write_text(yaml.safe_dump(entries))
+    return path
+
+
+@pytest.fixture
+def two_sweeps(tmp_path):
+    first = sweep_file(tmp_path, "first", architecture=["transformer"], learning_rate=[0.01, 0.001])
+    second = sweep_file(tmp_path, "second", architecture=["based"], learning_rate=[0.01])
+    return first, second
+
+
+def test_runs_are_taken_in_the_queues_order_each_once(tmp_path, two_sweeps):
+    first, second = two_sweeps
+    # the second sweep first, then one run of the first by pattern, then the whole first (its other run)
+    queue = queue_file(tmp_path, [{"sweep": second}, {"sweep": first, "only": ["*_lr1e-03_*"]}, {"sweep": first}])
+    out = tmp_path / "out"
+    assert runs_left(queue, out, GRID) == ["second/based_s0", "first/transformer_lr1e-03_s0",
+                                           "first/transformer_lr0.01_s0"]
+    log = tmp_path / "queue.log"
+    with open(log, "w") as handle:
+        outcome = run_queue(queue, out, grid=GRID, log=handle)
+    assert outcome == {"finished": ["second/based_s0", "first/transformer_lr1e-03_s0",
+                                    "first/transformer_lr0.01_s0"], "failed": []}
+    started = [line.split("queue: ")[1] for line in log.read_text().splitlines() if "finished" not in line]
+    assert started == ["second: based_s0", "first: transformer_lr1e-03_s0", "first: transformer_lr0.01_s0"]
+    for name in outcome["finished"]:
+        sweep, run = name.split("/")
+        folder = RunDir(out / sweep / "runs" / run)
+        assert folder.finished and folder.grid_matches(GRID)
+    assert json.loads((out / "first" / "results.json").read_text())["table"]     # each sweep's results written
+    assert runs_left(queue, out, GRID) == [] and run_queue(queue, out, grid=GRID, log=open(os.devnull, "w")) == \
+        {"finished": [], "failed": []}
+
+
+def test_a_claimed_run_is_left_to_its_lane_and_a_killed_lane_leaves_no_claim(tmp_path, two_sweeps):
+    first, _ = two_sweeps
+    entries = read_queue(queue_file(tmp_path, [{"sweep": first}]))
+    out = tmp_path / "out"
+    a = next_pick(entries, out, GRID, set())
+    b = next_pick(entries, out, GRID, set())            # a second lane: the next run
+    assert [r.name for r in a.runs] == ["transformer_lr0.01_s0"] and [r.name for r in b.runs] == ["transformer_lr1e-03_s0"]
+    assert next_pick(entries, out, GRID, set()) is None  # a third: nothing left to take
+    a.release()
+    again = next_pick(entries, out, GRID, set())
+    assert [r.name for r in again.runs] == ["transformer_lr0.01_s0"]
+    again.release(), b.release()
+    # another process holds a claim, and is killed: its claim goes with it
+    lock = out / "first" / "queue" / "transformer_lr0.01_s0.lock"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import fcntl, os, sys, time
+fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(600)"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert [r.name for r in next_pick(entries, out, GRID, set()).runs] == ["transformer_lr1e-03_s0"]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert [r.name for r in next_pick(entries, out, GRID, set()).runs] == ["transformer_lr0.01_s0"]
+
+
+def test_small_widths_are_claimed_as_one_stack(tmp_path):
+    small = sweep_file(tmp_path, "small", architecture=["mamba"], hidden_size=[16, 64], learning_rate=[0.01, 0.001])
+    entries = read_queue(queue_file(tmp_path, [{"sweep": small}]))
+    out = tmp_path / "out"
+    pick = next_pick(entries, out, GRID, set())
+    assert sorted(r.name for r in pick.runs) == ["mamba_d16_lr0.01_s0", "mamba_d16_lr1e-03_s0"]   # trained stacked
+    wide = next_pick(entries, out, GRID, set())
+    assert [r.name for r in wide.runs] == ["mamba_d64_lr0.01_s0"]                                    # alone
+
+
+def test_a_stop_file_stops_a_lane_between_runs(tmp_path, two_sweeps):
+    first, _ = two_sweeps
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / STOP_FILE).touch()
+    assert run_queue(queue_file(tmp_path, [{"sweep": first}]), out, grid=GRID) == {"finished": [], "failed": []}
+    assert not (out / "first" / "runs").exists()
+
+
+def test_the_file_is_read_again_before_every_run(tmp_path, two_sweeps, monkeypatch):
+    first, second = two_sweeps
+    queue = queue_file(tmp_path, [{"sweep": first, "only": ["*_lr0.01_*"]}])
+    from hf_mecheval.training import queue as module
+
+    trained = []
+    real_launch = module.launch
+
+    def launch(sweep, out, **kwargs):           # after the first run, the queue file is edited
+        trained.append(kwargs["only"])
+        queue_file(tmp_path, [{"sweep": second}])
+        return real_launch(sweep, out, **kwargs)
+    monkeypatch.setattr(module, "launch", launch)
+    run_queue(queue, tmp_path / "out", grid=GRID, log=open(os.devnull, "w"))
+    assert trained == [["transformer_lr0.01_s0"], ["based_s0"]]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{sweep: x}", "queue: .* must be a list"),
+    ("[]", "queue: .* must be a list"),
+    ("- [a]", "sweep: .*entry 1 must be a mapping with the key sweep"),
+    ("- {sweep: SWEEP, order: 1}", "order: unknown key in .*entry 1; allowed: sweep, only"),
+    ("- {sweep: SWEEP, only: mamba_*}", "only: .*a list of run-name patterns"),
+    ("- {sweep: SWEEP, only: [nothing_*]}", "only: 'nothing_\\*' matches no run of sweep first"),
+    ("- {sweep: no_such_sweep}", "no sweep file no_such_sweep"),
+    ("- {sweep: 3}", "sweep: .*a sweep file or packaged sweep name, got 3"),
+])
+def test_a_bad_queue_file_is_one_clear_error(tmp_path, two_sweeps, capsys, content, message):
+    path = tmp_path / "queue.yaml"
+    path.write_text(content.replace("SWEEP", two_sweeps[0]))
+    with pytest.raises((ConfigError, MechEvalError), match=message):
+        read_queue(path)
+    assert mecheval(["queue", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_repositorys_queue_names_only_runs_that_exist():
+    from pathlib import Path
+
+    entries = read_queue(Path(__file__).resolve().parents[2] / "hf_mecheval" / "experiments" / "queue.yaml")
+    assert entries[0].sweep.name == "ref_width_ar" and all(e.runs() for e in entries)
+
+
+def test_dry_run_lists_what_is_left(tmp_path, two_sweeps, capsys):
+    first, second = two_sweeps
+    queue = queue_file(tmp_path, [{"sweep": second}, {"sweep": first}])
+    assert mecheval(["queue", str(queue), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["second/based_s0", "first/transformer_lr0.01_s0",
+                                                    "first/transformer_lr1e-03_s0", "3 runs left"]
