@@ -15,7 +15,8 @@ claims it with a lock on ``<out>/<sweep>/queue/<run>.lock`` (``flock``: the lock
 process, so a lane that is killed leaves no claim behind) and trains it with ``launch`` (from its
 last checkpoint where it has one). Runs that ``launch`` would stack (width 32 or less on a CPU,
 differing only in learning rate and seed) are claimed and trained together. A run that fails in a
-process is not picked again by that process. It stops when nothing is left that it could take, or
+process, or that another process trains outside the queue (a ``mecheval sweep`` over the same
+folder), is not picked again by that process. It stops when nothing is left that it could take, or
 when the file ``<out>/queue.stop`` exists (checked between runs: the run in flight finishes).
 """
 from __future__ import annotations
@@ -160,6 +161,8 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
         for name in names:
             tried.add(f"{sweep.name}/{name}")
             folder = RunDir(out / sweep.name / "runs" / name)
+            if name in result["in_use"]:          # another process trains it (a sweep outside the queue): its own
+                continue
             ok = is_done(folder, grid) and folder.failure is None       # diverged runs are done, and failed
             outcome["finished" if ok else "failed"].append(f"{sweep.name}/{name}")
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {len(result['finished'])} finished"

@@ -161,3 +161,15 @@ def test_dry_run_lists_what_is_left(tmp_path, two_sweeps, capsys):
     assert mecheval(["queue", str(queue), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines() == ["second/based_s0", "first/transformer_lr0.01_s0",
                                                     "first/transformer_lr1e-03_s0", "3 runs left"]
+
+
+def test_a_run_trained_outside_the_queue_is_left_to_its_process(tmp_path, two_sweeps):
+    from hf_mecheval.locks import locked_folder
+
+    first, _ = two_sweeps
+    out = tmp_path / "out"
+    busy = out / "first" / "runs" / "transformer_lr0.01_s0"
+    with locked_folder(busy):                  # as a `mecheval sweep` training it holds it
+        busy.joinpath("command.txt").write_text("mecheval train ...")
+        outcome = run_queue(queue_file(tmp_path, [{"sweep": first}]), out, grid=GRID, log=open(os.devnull, "w"))
+    assert outcome == {"finished": ["first/transformer_lr1e-03_s0"], "failed": []}
