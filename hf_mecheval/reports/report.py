@@ -215,7 +215,9 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
                 for r in with_iv]
         image = ax.imshow(grid, vmin=-0.2, vmax=1, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(cols)), [c.replace(".input", "") for c in cols], rotation=45, ha="right", fontsize=8)
-        ax.set_yticks(range(len(with_iv)), [f"{r['label']} d={r['hidden_size']}" for r in with_iv], fontsize=8)
+        # each row named apart from the others: the rate and seed where a model and width repeat
+        names = run_tick_labels([{**r, "label": f"{r['label']} d={r['hidden_size']}"} for r in with_iv])
+        ax.set_yticks(range(len(with_iv)), names, fontsize=8)
         fig.colorbar(image, ax=ax, label="restoration (key corrupted)")
         ax.set_title("restoration at each layer's input")
         made.append(save_figure(fig, out / "layers.png"))
