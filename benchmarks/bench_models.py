@@ -172,7 +172,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; models take turns within a round")
-    parser.add_argument("--only", nargs="+", help="subset of model names")
+    parser.add_argument("--only", nargs="+", help="models: a full name (ours-transformer) alone, other text every "
+                                                  "name containing it (mamba, ours)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (the issue's setting) or cuda")
     parser.add_argument("--kernels", choices=["auto", "torch"], default="auto",
@@ -194,7 +195,10 @@ def main() -> None:
             makers[MAMBA_PEER[args.kernels]] = lambda: ours("mamba", d, kernels=other)
         makers.update(peers(d))
         if args.only:
-            makers = {k: v for k, v in makers.items() if any(o in k for o in args.only)}
+            # a full model name selects that model alone (ours-transformer, not its -eager and -sdpa
+            # variants); any other text every model whose name contains it (mamba, ours)
+            makers = {k: v for k, v in makers.items()
+                      if any(o == k if o in makers else o in k for o in args.only)}
         models, flops = {}, {}
         for name, make in makers.items():
             torch.manual_seed(0)
