@@ -5,6 +5,7 @@ in float32 to rounding), the answer-position path, gradients, vmap over stacked 
 patches and the gradient through them, left padding; and each architecture's
 save/load round trip through the Auto classes. A new architecture gets all of it by registering."""
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -133,9 +134,17 @@ def test_forward_with_state_leaves_the_state_of_stepping_through_the_sequence(ar
 KEEPS = {"one": [[3], [10]], "several": [[3, 7, 10, 11], [0, 5, 0, 0]]}
 
 
+@pytest.mark.parametrize("kept_path", ["default", "always"])
 @pytest.mark.parametrize("keep", list(KEEPS))
 @pytest.mark.parametrize("arch, variant, layer", CASES)
-def test_answer_positions_equal_the_gather_of_the_full_output(arch, variant, layer, keep):
+def test_answer_positions_equal_the_gather_of_the_full_output(arch, variant, layer, keep, kept_path, monkeypatch):
+    """"always": a mixer that chooses its kept-positions path by the number of answers (H3:
+    ``KEPT_POSITIONS_PATH_MAX``) takes it whatever their number, so both of its paths are tested."""
+    module = sys.modules[ARCHITECTURES[arch].mixers[make_mixer(arch, variant, layer)[1].layer_mixers()[layer]].__module__]
+    if kept_path == "always":
+        if not hasattr(module, "KEPT_POSITIONS_PATH_MAX"):
+            pytest.skip("one answer-position path, whatever the number of answers")
+        monkeypatch.setattr(module, "KEPT_POSITIONS_PATH_MAX", 10**9)
     mixer, config = make_mixer(arch, variant, layer)
     if not getattr(mixer, "accepts_keep", False):
         pytest.skip("the mixer has no answer-position path (the block gathers its full output)")
