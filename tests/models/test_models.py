@@ -84,6 +84,14 @@ def test_several_answers_per_row_equal_full_cross_entropy(arch):
     assert torch.allclose(out.loss, want, atol=1e-6)
     for row, ps in answers.items():                                     # each row's positions in order
         assert torch.allclose(out.logits[row, :len(ps)], full[row, [p - 1 for p in ps]], atol=1e-6)
+        # its padding slots (a row with fewer answers is padded with position 0) read position 0
+        assert torch.allclose(out.logits[row, len(ps):], full[row, 0].expand(4 - len(ps), -1), atol=1e-6)
+    # the LM head runs once per answer (10) and once per padded row (rows 0, 1 and 2): 13 rows, not 16
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    model(ids, labels=labels)
+    handle.remove()
+    assert seen == [(13, model.config.hidden_size)]
     # the same gradients as the loss over the full logits
     grads = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
     wanted = torch.autograd.grad(want, list(model.parameters()), allow_unused=True)
