@@ -1,6 +1,7 @@
 """Trainer callbacks. ``RestorationCallback``: the intervention metric during training, so a user sees *when* a
 mechanism appears. ``TrainingClock``: training wall and CPU time across resumed segments (metrics.json's
-``train_wall_seconds``, ``train_cpu_seconds``).
+``train_wall_seconds``, ``train_cpu_seconds``). ``StopWhenDiverged``: a run whose weights turned NaN or
+infinite stops there.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from ..errors import MechEvalError
+from ..models import non_finite_parameters
 from ..interventions.engine import engine_for
 from ..interventions.grid import POSITIONS, cell, run_grid
 from ..runs.code_version import code_version
@@ -172,3 +174,25 @@ class TrainingClock(TrainerCallback):
         cpu = self.cpu_seconds
         return {"train_wall_seconds": round(self.seconds, 1), "train_cpu_seconds": None if cpu is None else round(cpu, 1),
                 "train_segments": self.segments, "threads": torch.get_num_threads(), "train_code": self.code}
+
+
+class StopWhenDiverged(TrainerCallback):
+    """Stop a run at the first logging step where its weights hold NaN or infinity. Nothing brings
+    such weights back (AdamW's update of a NaN is NaN), so the rest of the run would end exactly as
+    diverged, only hours later: a width-256 Mamba at 3e-2 turned NaN at step ~20 000 of 50 016.
+    ``diverged_at`` is the step it stopped at (metrics.json's ``stopped_diverged_at_step``, and the
+    run is failed as diverged); checked every ``logging_steps`` steps (one pass over the weights)."""
+
+    def __init__(self):
+        self.diverged_at: int | None = None
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        every = max(int(args.logging_steps or 1), 1)
+        if model is not None and state.global_step % every == 0 and non_finite_parameters(model):
+            self.diverged_at = state.global_step
+            control.should_training_stop = True
+            control.should_save = False            # a checkpoint of NaN weights resumes nothing
+        return control
+
+    def summary(self) -> dict:
+        return {} if self.diverged_at is None else {"stopped_diverged_at_step": self.diverged_at}

@@ -35,7 +35,7 @@ from ..runs import RunDir
 from ..runs.run_dir import check_replaceable, check_same_run, holds_files, resume_checkpoint
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import RunArguments
-from .callbacks import TrainingClock
+from .callbacks import StopWhenDiverged, TrainingClock
 from .command_line import this_command, values_as_flags
 from .data import batch_collator
 from .evaluation import compute_answer_metrics, logits_summary_for
@@ -92,8 +92,8 @@ def train(spec: RunSpec, callbacks: Sequence = (), command: str | None = None, p
             if main_process and checkpoint is None:
                 RunDir(run_dir).start(command or this_command(), record)   # replaces an old run (allowed above)
 
-        clock = TrainingClock(checkpoint)
-        callbacks = [clock, *callbacks]         # first: a callback that stops the run sees the time saved
+        clock, divergence = TrainingClock(checkpoint), StopWhenDiverged()
+        callbacks = [clock, divergence, *callbacks]   # first: a callback that stops the run sees the time saved
         trainer = MechEvalTrainer(
             model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
             processing_class=build_tokenizer(spec.task), data_collator=batch_collator,
@@ -108,7 +108,7 @@ def train(spec: RunSpec, callbacks: Sequence = (), command: str | None = None, p
         if progress is not None and main_process:
             trainer.add_callback(ProgressFile(progress, [run_dir.name], trainer.loss_meter))
         run_trainer(trainer, checkpoint)
-        return finish_run(trainer, splits, run_dir, clock.summary())
+        return finish_run(trainer, splits, run_dir, {**clock.summary(), **divergence.summary()})
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

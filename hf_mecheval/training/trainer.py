@@ -214,6 +214,8 @@ def run_failure(model: torch.nn.Module, final: dict) -> str | None:
         return "it trained zero steps"
     if "diverged_at_step" in final:
         return f"it diverged: non-finite gradients from step {final['diverged_at_step']}"
+    if "stopped_diverged_at_step" in final:
+        return f"it diverged: its weights held NaN or infinity at step {final['stopped_diverged_at_step']}, where it stopped"
     if non_finite_parameters(model):
         return "it diverged: its weights hold NaN or infinity"
     losses = [final[k] for k in ("validation_loss", "test_loss") if isinstance(final.get(k), float)]

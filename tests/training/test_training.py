@@ -444,6 +444,24 @@ def test_a_run_that_diverges_is_marked_failed(tmp_path, capsys):
     assert not (run / "interventions").exists()
 
 
+def test_a_run_stops_at_the_first_logging_step_where_its_weights_turned_nan(tmp_path):
+    """1e30 makes the weights NaN within the first steps: checked every 2 steps (the logging
+    steps), the run stops at the first check that finds them, not at step 40, and is failed as
+    diverged there."""
+    run = tmp_path / "run"
+    assert main(run_args(run, "--max_steps", "40", "--train_size", "64", "--eval_size", "16", "--logging_steps", "2",
+                         "--learning_rate", "1e30")) == 1
+    final = json.loads((run / "metrics.json").read_text())["final"]
+    stopped = final["stopped_diverged_at_step"]
+    assert final["global_step"] == stopped and stopped % 2 == 0 and stopped <= 6
+    assert final["failed"] == f"it diverged: its weights held NaN or infinity at step {stopped}, where it stopped"
+    # a run that stays finite trains to its end, with no such field
+    assert main(run_args(tmp_path / "fine", "--max_steps", "6", "--train_size", "64", "--eval_size", "16",
+                         "--logging_steps", "2")) == 0
+    final = json.loads((tmp_path / "fine" / "metrics.json").read_text())["final"]
+    assert final["global_step"] == 6 and "stopped_diverged_at_step" not in final
+
+
 def test_run_failure_names_zero_steps_and_non_finite_weights():
     from hf_mecheval.training.trainer import run_failure
 
@@ -453,6 +471,8 @@ def test_run_failure_names_zero_steps_and_non_finite_weights():
     assert run_failure(model, {**fine, "global_step": 0}) == "it trained zero steps"
     assert run_failure(model, {**fine, "test_loss": float("inf")}) == "it diverged: its final loss is NaN or infinite"
     assert run_failure(model, {**fine, "diverged_at_step": 3}) == "it diverged: non-finite gradients from step 3"
+    assert run_failure(model, {**fine, "stopped_diverged_at_step": 50}) == \
+        "it diverged: its weights held NaN or infinity at step 50, where it stopped"
     with torch.no_grad():
         model.bias[1] = float("nan")
     assert run_failure(model, fine) == "it diverged: its weights hold NaN or infinity"
