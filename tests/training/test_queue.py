@@ -27,8 +27,8 @@ def sweep_file(folder, name, **grid):
     return str(path)
 
 
-def queue_file(folder, entries):
-    path = folder / "queue.yaml"
+def queue_file(folder, entries, name="queue.yaml"):
+    path = folder / name
     path.write_text(yaml.safe_dump(entries))
     return path
 
@@ -47,20 +47,21 @@ def test_runs_are_taken_in_the_queues_order_each_once(tmp_path, two_sweeps):
     out = tmp_path / "out"
     assert runs_left(queue, out, GRID) == ["second/based_s0", "first/transformer_lr1e-03_s0",
                                            "first/transformer_lr0.01_s0"]
+    # the first two entries trained (each run a process and its grid: the third is the same again)
     log = tmp_path / "queue.log"
     with open(log, "w") as handle:
-        outcome = run_queue(queue, out, grid=GRID, log=handle)
-    assert outcome == {"finished": ["second/based_s0", "first/transformer_lr1e-03_s0",
-                                    "first/transformer_lr0.01_s0"], "failed": []}
+        outcome = run_queue(queue_file(tmp_path, [{"sweep": second}, {"sweep": first, "only": ["*_lr1e-03_*"]}],
+                                       "two.yaml"), out, grid=GRID, log=handle)
+    assert outcome == {"finished": ["second/based_s0", "first/transformer_lr1e-03_s0"], "failed": []}
     started = [line.split("queue: ")[1] for line in log.read_text().splitlines() if "finished" not in line]
-    assert started == ["second: based_s0", "first: transformer_lr1e-03_s0", "first: transformer_lr0.01_s0"]
+    assert started == ["second: based_s0", "first: transformer_lr1e-03_s0"]
     for name in outcome["finished"]:
         sweep, run = name.split("/")
         folder = RunDir(out / sweep / "runs" / run)
         assert folder.finished and folder.grid_matches(GRID)
-    assert json.loads((out / "first" / "results.json").read_text())["table"]     # each sweep's results written
-    assert runs_left(queue, out, GRID) == [] and run_queue(queue, out, grid=GRID, log=open(os.devnull, "w")) == \
-        {"finished": [], "failed": []}
+    assert json.loads((out / "first" / "results.json").read_text())["runs"]      # each sweep's results written
+    # what is left of the three entries: the run the third names, once
+    assert runs_left(queue, out, GRID) == ["first/transformer_lr0.01_s0"]
 
 
 def test_a_claimed_run_is_left_to_its_lane_and_a_killed_lane_leaves_no_claim(tmp_path, two_sweeps):
@@ -117,15 +118,17 @@ def test_the_file_is_read_again_before_every_run(tmp_path, two_sweeps, monkeypat
     from hf_mecheval.training import queue as module
 
     trained = []
-    real_launch = module.launch
 
-    def launch(sweep, out, **kwargs):           # after the first run, the queue file is edited
+    def launch(sweep, out, **kwargs):           # trains nothing; after the first run, the queue file is edited
         trained.append(kwargs["only"])
         queue_file(tmp_path, [{"sweep": second}])
-        return real_launch(sweep, out, **kwargs)
+        return {"finished": [], "skipped": [], "in_use": [], "failed": []}
     monkeypatch.setattr(module, "launch", launch)
-    run_queue(queue, tmp_path / "out", grid=GRID, log=open(os.devnull, "w"))
+    monkeypatch.setattr(module, "write_results", lambda sweep, out: None)
+    outcome = run_queue(queue, tmp_path / "out", grid=GRID, log=open(os.devnull, "w"))
     assert trained == [["transformer_lr0.01_s0"], ["based_s0"]]
+    # neither was trained: each failed in this lane, and is not taken again by it
+    assert outcome == {"finished": [], "failed": ["first/transformer_lr0.01_s0", "second/based_s0"]}
 
 
 @pytest.mark.parametrize("content, message", [
