@@ -306,7 +306,8 @@ class DiagonalSSM(nn.Module):
 
 
 # The kept-positions path gathers a (B, k, L, C) window of u: cheaper than the whole convolution
-# for one or two answers per row (AR, ATR), dearer from four on (MQAR's 4-64 queries per document).
+# for one or two answers per row (AR, ATR), dearer at four and more (MQAR's 4-64 queries per
+# document; three, not measured apart, takes the whole convolution too).
 # Forward and backward of one layer, one CPU thread, batch 32, ms, kept path vs whole convolution
 # then the kept positions: width 64 at L 128 (d_state 256), k = 1: 31 vs 71, 2: 29 vs 65, 4: 57 vs
 # 45, 16: 239 vs 91; at L 37 (d_state 1 024), k = 16: 62 vs 14; width 128 at L 128, k = 16: 469
