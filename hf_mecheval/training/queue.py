@@ -15,8 +15,9 @@ claims it with a lock on ``<out>/<sweep>/queue/<run>.lock`` (``flock``: the lock
 process, so a lane that is killed leaves no claim behind) and trains it with ``launch`` (from its
 last checkpoint where it has one). Runs that ``launch`` would stack (width 32 or less on a CPU,
 differing only in learning rate and seed) are claimed and trained together. A run that fails in a
-process, or that another process trains outside the queue (a ``mecheval sweep`` over the same
-folder), is not picked again by that process. It stops when nothing is left that it could take, or
+process (diverged, crashed, or refused with an error, which the lane prints and goes on), or that
+another process trains outside the queue (a ``mecheval sweep`` over the same folder), is not
+picked again by that process. It stops when nothing is left that it could take, or
 when the file ``<out>/queue.stop`` exists (checked between runs: the run in flight finishes).
 """
 from __future__ import annotations
@@ -156,6 +157,8 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
         try:
             result = launch(sweep, out, workers=1, threads=threads, grid=grid, only=names)
             write_results(sweep, out)
+        except MechEvalError as exc:       # this run refused (a damaged checkpoint, a folder not a run's): the next
+            result = {"finished": [], "in_use": [], "failed": [f"{' '.join(names)} ({exc})"]}
         finally:
             pick.release()
         for name in names:

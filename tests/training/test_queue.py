@@ -176,3 +176,25 @@ def test_a_run_trained_outside_the_queue_is_left_to_its_process(tmp_path, two_sw
         busy.joinpath("command.txt").write_text("mecheval train ...")
         outcome = run_queue(queue_file(tmp_path, [{"sweep": first}]), out, grid=GRID, log=open(os.devnull, "w"))
     assert outcome == {"finished": ["first/transformer_lr1e-03_s0"], "failed": []}
+
+
+def test_a_run_refused_with_an_error_is_reported_and_the_lane_goes_on(tmp_path, two_sweeps, monkeypatch):
+    from hf_mecheval.training import queue as module
+
+    first, second = two_sweeps
+    calls = []
+
+    def launch(sweep, out, **kwargs):
+        calls.append(kwargs["only"])
+        if len(calls) == 1:
+            raise MechEvalError("cannot resume from somewhere: no complete checkpoint")
+        return {"finished": [], "skipped": [], "in_use": [], "failed": []}
+    monkeypatch.setattr(module, "launch", launch)
+    monkeypatch.setattr(module, "write_results", lambda sweep, out: None)
+    log = tmp_path / "queue.log"
+    with open(log, "w") as handle:
+        outcome = run_queue(queue_file(tmp_path, [{"sweep": second}, {"sweep": first, "only": ["*_lr0.01_*"]}]),
+                            tmp_path / "out", grid=GRID, log=handle)
+    assert calls == [["based_s0"], ["transformer_lr0.01_s0"]]
+    assert outcome["failed"] == ["second/based_s0", "first/transformer_lr0.01_s0"]
+    assert "failed: based_s0 (cannot resume from somewhere: no complete checkpoint)" in log.read_text()
