@@ -36,7 +36,7 @@ from ..locks import try_lock_file
 from ..runs import RunDir
 from ..runs.files import GridSettings
 from .jobs import Run
-from .sweep import Sweep, launch, plan_jobs, write_results
+from .sweep import Sweep, launch, plan_jobs, run_done, write_results
 
 ENTRY_KEYS = ("sweep", "only")
 STOP_FILE = "queue.stop"
@@ -80,18 +80,13 @@ def read_queue(path: str | Path) -> list[Entry]:
     return entries
 
 
-def is_done(folder: RunDir, grid: GridSettings) -> bool:
-    """Nothing left to do for a run: it finished, and it failed or has its grid with ``grid``."""
-    return folder.finished and (folder.failure is not None or folder.grid_matches(grid))
-
-
 def runs_left(path: str | Path, out: str | Path, grid: GridSettings = GridSettings()) -> list[str]:
     """``sweep/run`` of every run of the queue not done yet (its grid made with ``grid``), in the
     order the lanes take them."""
     left: dict[str, None] = {}
     for e in read_queue(path):
         for r in e.runs():
-            if not is_done(RunDir(Path(out) / e.sweep.name / "runs" / r.name), grid):
+            if not run_done(RunDir(Path(out) / e.sweep.name / "runs" / r.name), grid):
                 left.setdefault(f"{e.sweep.name}/{r.name}")     # a run two entries name: at its first
     return list(left)
 
@@ -119,7 +114,7 @@ def next_pick(entries: list[Entry], out: Path, grid: GridSettings, skip: set[str
         candidates = entry.runs()
         for run in candidates:
             key = f"{entry.sweep.name}/{run.name}"
-            if key in skip or is_done(RunDir(out / entry.sweep.name / "runs" / run.name), grid):
+            if key in skip or run_done(RunDir(out / entry.sweep.name / "runs" / run.name), grid):
                 continue
             fd = try_lock_file(claim_path(out, entry.sweep, run))
             if fd is None:
@@ -128,7 +123,7 @@ def next_pick(entries: list[Entry], out: Path, grid: GridSettings, skip: set[str
             # its stack: the job plan_jobs would make of it with the candidates left to do
             todo = [r for r in candidates if r is run or (
                 f"{entry.sweep.name}/{r.name}" not in skip
-                and not is_done(RunDir(out / entry.sweep.name / "runs" / r.name), grid))]
+                and not run_done(RunDir(out / entry.sweep.name / "runs" / r.name), grid))]
             job = next(j for j in plan_jobs(todo, out / entry.sweep.name / "runs") if run.name in j.run_names())
             for other in todo:
                 if other is not run and other.name in job.run_names():
@@ -166,7 +161,7 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
             folder = RunDir(out / sweep.name / "runs" / name)
             if name in result["in_use"]:          # another process trains it (a sweep outside the queue): its own
                 continue
-            ok = is_done(folder, grid) and folder.failure is None       # diverged runs are done, and failed
+            ok = run_done(folder, grid) and folder.failure is None       # diverged runs are done, and failed
             outcome["finished" if ok else "failed"].append(f"{sweep.name}/{name}")
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {len(result['finished'])} finished"
               + "".join(f"; failed: {line}" for line in result["failed"])

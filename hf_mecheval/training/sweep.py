@@ -308,11 +308,7 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
     check_existing_runs(runs, runs_dir)
     # a grid is made again where the run's was made with other settings (fewer documents, one site)
 
-    def to_do(run: Run) -> bool:
-        folder = RunDir(runs_dir / run.name)
-        return not folder.finished or (grid is not None and not folder.failure and not folder.grid_matches(grid))
-
-    todo = [r for r in runs if to_do(r)]
+    todo = [r for r in runs if not run_done(RunDir(runs_dir / r.name), grid)]
     # a run that failed before (it diverged, or trained zero steps) is not trained again (it would
     # fail again), but it stays failed in every summary and exit status until it is retrained
     failed_before = {r.name: RunDir(runs_dir / r.name).failure for r in runs if r not in todo}
@@ -339,6 +335,12 @@ def train_runs(runs: list[Run], runs_dir: Path, launcher: str = "local", workers
                 key, text = "finished", name
             outcome[key].append(text)
     return outcome
+
+
+def run_done(folder: RunDir, grid: GridSettings | None) -> bool:
+    """Nothing left to do for a run: it finished, and it failed or needs no grid or has its grid
+    made with ``grid`` (one made with other settings is made again)."""
+    return folder.finished and (grid is None or folder.failure is not None or folder.grid_matches(grid))
 
 
 def check_existing_runs(runs: list[Run], runs_dir: Path) -> None:
