@@ -137,7 +137,10 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def run_tick_labels(rows: list[dict]) -> list[str]:
-    """Each run's label, with its learning rate and seed where runs would otherwise share one."""
+    """Each run's label, with its learning rate and seed where runs would otherwise share one, and
+    its task where the rows hold more than one."""
+    if len({r.get("task") for r in rows}) > 1:
+        rows = [{**r, "label": f"{r.get('task')}: {r['label']}"} for r in rows]
     labels = [r["label"] for r in rows]
     out = []
     for r, label in zip(rows, labels):
@@ -154,7 +157,8 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
     made = []
     # accuracy: against width where widths vary, else one bar per run
     widths = sorted({r["hidden_size"] for r in rows})
-    fig, ax = plt.subplots(figsize=(7, 4))
+    many = len(widths) == 1 and len(rows) > 10       # one bar per run, too many to label side by side
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.26 * len(rows)) if many else (7, 4))
     if len(widths) > 1:
         # every run a faint point; the line through each width's chosen rate (best mean validation
         # accuracy, as the results tables choose it), at the mean test accuracy over its seeds
@@ -174,12 +178,17 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("hidden size (line: the rate chosen on validation; dots: every run)")
         ax.legend(fontsize=8)
+    elif many:                                        # a row per run, its label read across
+        ax.barh(range(len(rows)), [100 * r["test_accuracy"] for r in rows], color="tab:blue")
+        ax.set_yticks(range(len(rows)), run_tick_labels(rows), fontsize=8)
+        ax.invert_yaxis()
     else:
         ax.bar(range(len(rows)), [100 * r["test_accuracy"] for r in rows], color="tab:blue")
         ax.set_xticks(range(len(rows)), run_tick_labels(rows), rotation=30, ha="right")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(0, 105)
-    ax.set_title("AR/ATR test accuracy")
+    ax.set_xlabel("test accuracy (%)") if many else ax.set_ylabel("test accuracy (%)")
+    ax.set_xlim(0, 105) if many else ax.set_ylim(0, 105)
+    tasks = sorted({str(r.get("task")) for r in rows if r.get("task")})
+    ax.set_title(f"test accuracy, {', '.join(tasks)}" if 0 < len(tasks) <= 3 else "test accuracy")
     made.append(save_figure(fig, out / "accuracy.png"))
     with_iv = [r for r in rows if r.get("mechanism")]
     for x, y, name in (("value", "query", "scatter_value_query.png"), ("query", "key", "scatter_query_key.png")):

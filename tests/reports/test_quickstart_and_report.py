@@ -174,6 +174,16 @@ def test_bars_of_runs_that_share_a_label_name_their_rate_and_seed():
                                      "based, lr 0.001, s0", "based, lr 0.001, s1"]
 
 
+def test_bars_of_runs_on_several_tasks_name_the_task():
+    from hf_mecheval.reports.report import run_tick_labels
+
+    rows = [{"label": "mamba (conv 4)", "learning_rate": 0.001, "seed": 0, "task": "atr_easy"},
+            {"label": "mamba (conv 4)", "learning_rate": 0.001, "seed": 0, "task": "atr_gen"},
+            {"label": "transformer", "learning_rate": 0.001, "seed": 0, "task": "atr_gen"}]
+    assert run_tick_labels(rows) == ["atr_easy: mamba (conv 4)", "atr_gen: mamba (conv 4)", "atr_gen: transformer"]
+    assert run_tick_labels([{**r, "task": "ar_32"} for r in rows[:1]]) == ["mamba (conv 4)"]
+
+
 def test_accuracy_against_width_draws_the_line_through_the_rate_chosen_on_validation(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
