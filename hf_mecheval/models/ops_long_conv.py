@@ -1,7 +1,8 @@
 """The long causal convolution per channel, y = k ∗ u, of Hyena, BaseConv's "long" layers and H3's
-SSM kernels: by FFT for long sequences, directly (a grouped ``conv1d``) for short ones, and the
-direct form's own backward (:class:`DirectCausalConv`). ``_grouped_causal_conv`` is the readable
-reference the fast backward is tested against (``tests/models/test_convolutions.py``).
+SSM kernels: by FFT for long sequences, directly (a grouped ``conv1d``) for short ones, each with
+a backward of its own (:class:`FFTCausalConv`, :class:`DirectCausalConv`). ``_fft_causal_conv`` and
+``_grouped_causal_conv`` are the readable references, with autograd's backward, that the fast ones
+are tested against (``tests/models/test_convolutions.py``).
 """
 from __future__ import annotations
 
@@ -22,13 +23,62 @@ def causal_conv(u: torch.Tensor, kernel: torch.Tensor, use_fft: bool | None = No
     k = kernel[:, :L]
     if use_fft is None:
         use_fft = L > 64
-    if use_fft:
+    return FFTCausalConv.apply(u, k)[0] if use_fft else DirectCausalConv.apply(u, k)
+
+
+def _spectrum(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x (..., L) real -> its real FFT of size n (zero-padded), (..., n/2+1), in at least float32."""
+    return torch.fft.rfft(x.to(torch.promote_types(x.dtype, torch.float32)), n=n)
+
+
+def _fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The FFT form with autograd's own backward (the readable reference ``FFTCausalConv`` is
+    tested against): u (B, L, C), k (C, L) -> (B, L, C), by FFTs of size 2L (no wrap-around)."""
+    L = u.shape[1]
+    y = torch.fft.irfft(_spectrum(u.transpose(1, 2), 2 * L) * _spectrum(k, 2 * L), n=2 * L)[..., :L]
+    return y.transpose(1, 2).to(u.dtype)
+
+
+class FFTCausalConv(torch.autograd.Function):
+    """The FFT causal convolution, y = irfft(rfft(u) rfft(k))[:L] with FFTs of size n = 2L, with a
+    backward of real FFTs only. Both gradients are cross-correlations, which the same size keeps
+    free of wrap-around (lags beyond L - 1 fall on the zero padding):
+
+        grad_u[s] = sum_t g[t] k[t - s]            = irfft(rfft(g) conj(rfft(k)))[s]
+        grad_k[j] = sum_b sum_t g[b, t] u[b, t - j] = irfft(sum_b rfft(g_b) conj(rfft(u_b)))[j]
+
+    Autograd's backward of ``rfft`` runs a complex FFT of the whole zero-padded (B, C, n) input
+    and fills and copies it. The forward's spectrum of u is returned beside y (not differentiable;
+    ``causal_conv`` drops it) so that the backward reuses it. Tested against ``_fft_causal_conv``
+    and the direct form, and by gradcheck."""
+
+    generate_vmap_rule = True    # plain torch ops only, so vmap (stacked copies) can batch it
+
+    @staticmethod
+    def forward(u: torch.Tensor, k: torch.Tensor):
+        L = u.shape[1]
+        U = _spectrum(u.transpose(1, 2), 2 * L)                              # (B, C, L+1)
+        y = torch.fft.irfft(U * _spectrum(k, 2 * L), n=2 * L)[..., :L]
+        return y.transpose(1, 2).to(u.dtype), U
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(inputs[1], output[1])
+        ctx.u_dtype = inputs[0].dtype
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor, _):
+        k, U = ctx.saved_tensors
+        L = g.shape[1]
         n = 2 * L
-        kf = torch.fft.rfft(k.float(), n=n)                 # (C, n/2+1)
-        uf = torch.fft.rfft(u.float().transpose(1, 2), n=n)  # (B, C, n/2+1)
-        y = torch.fft.irfft(uf * kf, n=n)[..., :L]
-        return y.transpose(1, 2).to(u.dtype)
-    return DirectCausalConv.apply(u, k)
+        G = _spectrum(g.transpose(1, 2), n)                                  # (B, C, L+1)
+        grad_u = grad_k = None
+        if ctx.needs_input_grad[0]:
+            grad_u = torch.fft.irfft(G * _spectrum(k, n).conj(), n=n)[..., :L].transpose(1, 2).to(ctx.u_dtype)
+        if ctx.needs_input_grad[1]:
+            grad_k = torch.fft.irfft((G * U.conj()).sum(0), n=n)[..., :L].to(k.dtype)   # summed over the batch
+        return grad_u, grad_k
 
 
 def _grouped_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ import torch
 from torch.nn import functional as F
 
 from hf_mecheval.models.convolutions import ShortConv
-from hf_mecheval.models.ops_long_conv import DirectCausalConv, _grouped_causal_conv, causal_conv
+from hf_mecheval.models.ops_long_conv import (DirectCausalConv, FFTCausalConv, _fft_causal_conv, _grouped_causal_conv,
+                                              causal_conv)
 
 
 def naive_causal_conv(u, k):
@@ -51,13 +52,43 @@ def test_direct_conv_backward_matches_autograd_and_gradcheck():
         torch.testing.assert_close(h, w)
 
 
-def test_direct_conv_under_vmap_equals_each_copy():
+def fft_conv(u, k):
+    return FFTCausalConv.apply(u, k)[0]
+
+
+def test_fft_conv_backward_matches_autograd_and_gradcheck():
+    """The real-FFT backward against autograd through the same FFTs and through the direct form."""
+    u, k = _inputs(B=2, L=6, C=3)
+    u.requires_grad_(True)
+    k = k[:, :6].clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(fft_conv, (u, k))
+    g = torch.randn(2, 6, 3, dtype=torch.float64)
+    got = torch.autograd.grad(fft_conv(u, k), (u, k), g)
+    for reference in (_fft_causal_conv, _grouped_causal_conv):
+        want = torch.autograd.grad(reference(u, k), (u, k), g)
+        for w, h in zip(want, got):
+            torch.testing.assert_close(h, w)
+
+
+def test_fft_conv_in_float32_matches_the_direct_form_at_an_mqar_length():
+    u, k = _inputs(B=4, L=128, C=8, extra_taps=0, dtype=torch.float32, seed=3)
+    k = (k / 128 ** 0.5).requires_grad_(True)
+    u.requires_grad_(True)
+    g = torch.randn(4, 128, 8, generator=torch.Generator().manual_seed(4))
+    y_fft, y_direct = causal_conv(u, k), causal_conv(u, k, use_fft=False)        # the default at L 128: FFT
+    torch.testing.assert_close(y_fft, y_direct, atol=1e-5, rtol=1e-5)
+    for a, b in zip(torch.autograd.grad(y_fft, (u, k), g), torch.autograd.grad(y_direct, (u, k), g)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("conv", [DirectCausalConv.apply, fft_conv], ids=["direct", "fft"])
+def test_conv_under_vmap_equals_each_copy(conv):
     """Stacked runs vmap the convolution over copies, each with its own kernel."""
     g = torch.Generator().manual_seed(1)
     u = torch.randn(3, 2, 7, 4, generator=g, requires_grad=True)      # (copies, B, L, C)
     k = torch.randn(3, 4, 7, generator=g, requires_grad=True)         # (copies, C, L)
     up = torch.randn(3, 2, 7, 4, generator=g)
-    y = torch.func.vmap(DirectCausalConv.apply)(u, k)
+    y = torch.func.vmap(conv)(u, k)
     gu, gk = torch.autograd.grad((y * up).sum(), (u, k))
     for i in range(3):
         yi = naive_causal_conv(u[i], k[i])
