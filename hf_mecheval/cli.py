@@ -261,12 +261,20 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _queue(args: argparse.Namespace) -> int:
     from .runs.files import GridSettings
-    from .training.queue import run_queue, runs_left
+    from .training.queue import estimate_left, run_queue
 
     grid = GridSettings(n=args.n)
     if args.dry_run:
-        left = runs_left(args.file, args.out, grid)
-        print("".join(f"{name}\n" for name in left) + f"{len(left)} runs left")
+        rows = estimate_left(args.file, args.out, grid)
+        width = max((len(r["run"]) for r in rows), default=0)
+        for r in rows:
+            trained = f", {100 * r['trained']:.0f} % trained" if r["trained"] else ""
+            cost = (f"~{r['cpu_hours']:.1f} CPU h (median of {r['like']} finished like it{trained})"
+                    if r["cpu_hours"] is not None else f"no finished run like it{trained}")
+            print(f"{r['run']:<{width}}  {cost}")
+        priced = [r["cpu_hours"] for r in rows if r["cpu_hours"] is not None]
+        print(f"{len(rows)} runs left: about {sum(priced):.1f} CPU hours for the {len(priced)} with a finished run "
+              f"like them (lr and seeds aside); {len(rows) - len(priced)} without one")
         return 0
     outcome = run_queue(args.file, args.out, threads=args.threads, grid=grid)
     print(f"queue: {len(outcome['finished'])} runs finished, {len(outcome['failed'])} failed"
@@ -476,7 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "(default runs/reproduce, as mecheval reproduce)")
     queue.add_argument("--threads", type=_positive_int, default=1, help="CPU threads of each training (default 1)")
     queue.add_argument("-n", type=_positive_int, default=320, help="documents for the interventions (default 320)")
-    queue.add_argument("--dry-run", action="store_true", help="list the runs left, in order, and exit")
+    queue.add_argument("--dry-run", action="store_true",
+                       help="list the runs left, in order, each with its expected CPU hours (from finished runs "
+                            "like it), and exit")
     queue.set_defaults(func=_queue)
 
     from .reports.reproduce import PRESETS as REPRODUCE_PRESETS

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..training.sweep import Sweep
-from .report import model_label, run_seconds
+from ..runs.files import run_seconds
+from .report import model_label
 from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
                                 REFERENCE_RECIPE, Selection, _order, _table, _width, recipe)
 
@@ -335,7 +336,7 @@ def run_cost_table(rows: list[dict]) -> str:
     """What one 50 016-step AR run costs, per architecture and width: the median wall and CPU
     minutes of its runs that trained in one segment with one thread (beside one other run, as
     the sweeps run), and how many runs that median is of; a run trained in a stack counts its
-    share of the stack's time (``report.run_seconds``)."""
+    share of the stack's time (``runs.files.run_seconds``)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("threads") == 1 and r.get("train_segments") == 1 and r.get("train_cpu_seconds") \

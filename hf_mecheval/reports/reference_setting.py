@@ -18,7 +18,8 @@ import math
 
 from ..experiments import read_experiment
 from ..training.sweep import Sweep, best_learning_rate, mean_validation_accuracy
-from .report import model_label, run_seconds
+from ..runs.files import run_seconds
+from .report import model_label
 
 # Each table's sweeps: the reference's recipe (its initialisation, no clipping: ``reference/recipe_*``)
 # and hf-mecheval's earlier one (every linear weight N(0, 0.02), clipping at 1.0: ``reference/ar``,

@@ -34,7 +34,7 @@ from ..errors import MechEvalError  # noqa: E402
 from ..atomic_files import write_text_atomic  # noqa: E402
 from ..runs.manifest import claim_output_folder, recording
 from ..runs import RunDir  # noqa: E402
-from ..runs.files import distance_summary, format_score, last_layer_summary  # noqa: E402
+from ..runs.files import distance_summary, format_score, last_layer_summary, run_seconds  # noqa: E402
 from ..runs.run_dir import init_scheme_of  # noqa: E402
 from ..experiments import read_experiment  # noqa: E402
 from .html_report import html_page  # noqa: E402
@@ -53,14 +53,6 @@ def _train_seconds(metrics: dict) -> float | None:
     entries = history if isinstance(history, list) else []     # optional: a missing or odd one is no time
     times = [e["train_runtime"] for e in entries if isinstance(e, dict) and "train_runtime" in e]
     return times[-1] if times else None
-
-
-def run_seconds(row: dict, key: str = "train_wall_seconds") -> float | None:
-    """A run's own share of a training time (``key``: train_wall_seconds or train_cpu_seconds; the
-    wall time falls back to the Trainer's train_seconds): a run trained in a stack of K shows its
-    stack's time (``stack_size`` K in its metrics), of which it is one K-th."""
-    seconds = row.get(key) or (row.get("train_seconds") if key == "train_wall_seconds" else None)
-    return None if not seconds else seconds / (row.get("stack_size") or 1)
 
 
 def run_label(record: dict) -> str:

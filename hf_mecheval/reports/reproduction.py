@@ -23,13 +23,13 @@ from ..errors import MechEvalError
 from ..atomic_files import write_text_atomic
 from ..inputs import read_json
 from ..metrics.mechanism import relabel
-from ..runs.files import format_score
+from ..runs.files import format_score, run_seconds
 from ..experiments import read_experiment
 from .mqar import mqar_table, zoology_table
 from .paper_grid import GRID_SWEEPS, grid_figures, grid_tables
 from .reference_figures import reference_figures
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
-from .report import figures, run_seconds
+from .report import figures
 from ..runs.files import RESULT_ROWS
 
 MQAR_SWEEPS = ("cpu_mqar", "cpu_mqar_zoology")

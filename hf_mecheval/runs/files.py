@@ -35,6 +35,14 @@ RESULT_ROWS = [{"label": str, "architecture": (str, type(None)), "task": str, "h
                 "conv_kernel": object, "validation_accuracy": FRACTION, "test_accuracy": FRACTION}]
 
 
+def run_seconds(row: dict, key: str = "train_wall_seconds") -> float | None:
+    """A run's own share of a training time (``key``: train_wall_seconds or train_cpu_seconds; the
+    wall time falls back to the Trainer's train_seconds): a run trained in a stack of K shows its
+    stack's time (``stack_size`` K in its metrics), of which it is one K-th."""
+    seconds = row.get(key) or (row.get("train_seconds") if key == "train_wall_seconds" else None)
+    return None if not seconds else seconds / (row.get("stack_size") or 1)
+
+
 MAX_LAYERS = 10_000       # far beyond any model here; a larger layer index in a grid is a damaged file
 
 

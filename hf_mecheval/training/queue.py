@@ -19,13 +19,19 @@ process (diverged, crashed, or refused with an error, which the lane prints and 
 another process trains outside the queue (a ``mecheval sweep`` over the same folder), is not
 picked again by that process. It stops when nothing is left that it could take, or
 when the file ``<out>/queue.stop`` exists (checked between runs: the run in flight finishes).
+
+``--dry-run`` lists what is left, each run with the CPU hours it should take: the median of the
+finished runs under ``<out>`` that differ from it in nothing but learning rate and seeds (a stacked
+run counts its share of its stack), less the part it has trained already (its last checkpoint).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fnmatch
+import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,7 +40,8 @@ from ..errors import ConfigError, MechEvalError
 from ..inputs import load_yaml, refuse_non_finite
 from ..locks import try_lock_file
 from ..runs import RunDir
-from ..runs.files import GridSettings
+from ..runs.files import GridSettings, run_seconds
+from ..runs.run_dir import checkpoints, fingerprint
 from .jobs import Run
 from .sweep import Sweep, launch, plan_jobs, run_done, write_results
 
@@ -80,15 +87,68 @@ def read_queue(path: str | Path) -> list[Entry]:
     return entries
 
 
-def runs_left(path: str | Path, out: str | Path, grid: GridSettings = GridSettings()) -> list[str]:
-    """``sweep/run`` of every run of the queue not done yet (its grid made with ``grid``), in the
-    order the lanes take them."""
-    left: dict[str, None] = {}
+def runs_left(path: str | Path, out: str | Path, grid: GridSettings = GridSettings()) -> dict[str, Run]:
+    """``sweep/run`` -> run, of every run of the queue not done yet (its grid made with ``grid``),
+    in the order the lanes take them."""
+    left: dict[str, Run] = {}
     for e in read_queue(path):
         for r in e.runs():
             if not run_done(RunDir(Path(out) / e.sweep.name / "runs" / r.name), grid):
-                left.setdefault(f"{e.sweep.name}/{r.name}")     # a run two entries name: at its first
-    return list(left)
+                left.setdefault(f"{e.sweep.name}/{r.name}", r)   # a run two entries name: at its first
+    return left
+
+
+# what a run's training costs does not depend on: its learning rate and its seeds
+COST_FREE_FIELDS = ("training.learning_rate", "training.seed", "training.data_seed", "task.dataset_seed")
+
+
+def cost_key(record: dict) -> str:
+    """A run.json record's fingerprint (``run_dir.fingerprint``) but for ``COST_FREE_FIELDS``: runs
+    with the same key train the same steps on the same shapes."""
+    return json.dumps({k: v for k, v in fingerprint(record).items() if k not in COST_FREE_FIELDS}, sort_keys=True)
+
+
+def measured_cpu_seconds(out: str | Path) -> dict[str, list[float]]:
+    """``cost_key`` -> the training CPU seconds of every run under ``out`` (``<sweep>/runs/<run>``)
+    that finished without failing and recorded them (a stacked run: its share of its stack)."""
+    costs: dict[str, list[float]] = {}
+    for metrics in sorted(Path(out).glob("*/runs/*/metrics.json")):
+        run = RunDir(metrics.parent)
+        try:
+            final = run.metrics()["final"]
+            seconds = run_seconds(final, "train_cpu_seconds")
+            if final.get("failed") or not seconds:
+                continue
+            costs.setdefault(cost_key(run.record()), []).append(seconds)
+        except MechEvalError:              # a damaged or foreign folder prices nothing
+            continue
+    return costs
+
+
+def trained_fraction(run_dir: Path) -> float:
+    """The share of its steps a run has trained: its newest checkpoint's step over its max_steps (0
+    without a readable checkpoint)."""
+    for checkpoint in checkpoints(run_dir):
+        try:
+            state = json.loads((checkpoint / "trainer_state.json").read_text())
+            return min(1.0, state["global_step"] / state["max_steps"])
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            continue
+    return 0.0
+
+
+def estimate_left(path: str | Path, out: str | Path, grid: GridSettings = GridSettings()) -> list[dict]:
+    """The runs left (``runs_left``), each {"run": sweep/run, "cpu_hours": expected CPU hours to
+    finish it or None where no finished run is like it, "like": how many finished runs the figure
+    is the median of, "trained": the share already trained}."""
+    measured = measured_cpu_seconds(out)
+    rows = []
+    for name, run in runs_left(path, out, grid).items():
+        like = measured.get(cost_key(run.checked().record), [])
+        trained = trained_fraction(Path(out) / name.replace("/", "/runs/", 1))
+        hours = statistics.median(like) * (1 - trained) / 3600 if like else None
+        rows.append({"run": name, "cpu_hours": hours, "like": len(like), "trained": trained})
+    return rows
 
 
 @dataclasses.dataclass

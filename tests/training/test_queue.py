@@ -13,7 +13,7 @@ from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
 from hf_mecheval.runs import RunDir
 from hf_mecheval.runs.files import GridSettings
-from hf_mecheval.training.queue import STOP_FILE, next_pick, read_queue, run_queue, runs_left
+from hf_mecheval.training.queue import STOP_FILE, estimate_left, next_pick, read_queue, run_queue, runs_left
 
 BASE = {"task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 64, "eval_size": 32, "max_steps": 4,
         "max_position_embeddings": 16, "eval_strategy": "no", "save_strategy": "no"}
@@ -45,7 +45,7 @@ def test_runs_are_taken_in_the_queues_order_each_once(tmp_path, two_sweeps):
     # the second sweep first, then one run of the first by pattern, then the whole first (its other run)
     queue = queue_file(tmp_path, [{"sweep": second}, {"sweep": first, "only": ["*_lr1e-03_*"]}, {"sweep": first}])
     out = tmp_path / "out"
-    assert runs_left(queue, out, GRID) == ["second/based_s0", "first/transformer_lr1e-03_s0",
+    assert list(runs_left(queue, out, GRID)) == ["second/based_s0", "first/transformer_lr1e-03_s0",
                                            "first/transformer_lr0.01_s0"]
     # the first two entries trained (each run a process and its grid: the third is the same again)
     log = tmp_path / "queue.log"
@@ -61,7 +61,7 @@ def test_runs_are_taken_in_the_queues_order_each_once(tmp_path, two_sweeps):
         assert folder.finished and folder.grid_matches(GRID)
     assert json.loads((out / "first" / "results.json").read_text())["runs"]      # each sweep's results written
     # what is left of the three entries: the run the third names, once
-    assert runs_left(queue, out, GRID) == ["first/transformer_lr0.01_s0"]
+    assert list(runs_left(queue, out, GRID)) == ["first/transformer_lr0.01_s0"]
 
 
 def test_a_claimed_run_is_left_to_its_lane_and_a_killed_lane_leaves_no_claim(tmp_path, two_sweeps):
@@ -162,8 +162,10 @@ def test_dry_run_lists_what_is_left(tmp_path, two_sweeps, capsys):
     first, second = two_sweeps
     queue = queue_file(tmp_path, [{"sweep": second}, {"sweep": first}])
     assert mecheval(["queue", str(queue), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["second/based_s0", "first/transformer_lr0.01_s0",
-                                                    "first/transformer_lr1e-03_s0", "3 runs left"]
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in printed[:-1]] == ["second/based_s0", "first/transformer_lr0.01_s0",
+                                                          "first/transformer_lr1e-03_s0"]
+    assert printed[-1].startswith("3 runs left")
 
 
 def test_a_run_trained_outside_the_queue_is_left_to_its_process(tmp_path, two_sweeps):
@@ -198,3 +200,45 @@ def test_a_run_refused_with_an_error_is_reported_and_the_lane_goes_on(tmp_path, 
     assert calls == [["based_s0"], ["transformer_lr0.01_s0"]]
     assert outcome["failed"] == ["second/based_s0", "first/transformer_lr0.01_s0"]
     assert "failed: based_s0 (cannot resume from somewhere: no complete checkpoint)" in log.read_text()
+
+
+def test_dry_run_prices_each_run_left_from_finished_runs_like_it(tmp_path, two_sweeps, capsys):
+    """A run's CPU hours: the median over finished runs that differ from it only in learning rate
+    and seeds (a stacked run counts its share; a failed run and another width count nothing), less
+    what its last checkpoint has trained."""
+    first, second = two_sweeps
+    queue = queue_file(tmp_path, [{"sweep": first}, {"sweep": second}])
+    out = tmp_path / "out"
+    record = next(r for r in read_queue(queue)[0].runs() if r.name == "transformer_lr1e-03_s0").checked().record
+
+    def finished(name, record, **final):
+        folder = out / "elsewhere" / "runs" / name
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps(record))
+        (folder / "metrics.json").write_text(json.dumps({"final": {"validation_accuracy": 0.5, "test_accuracy": 0.5,
+                                                                   **final}}))
+
+    other_seed = {**record, "training": {**record["training"], "seed": 1, "learning_rate": 0.3}}
+    wider = {**record, "model": {**record["model"], "hidden_size": 128}}
+    finished("alone", record, train_cpu_seconds=7200.0)
+    finished("stacked", other_seed, train_cpu_seconds=7200.0, stack_size=2)      # its share: 3600 s
+    finished("diverged", record, train_cpu_seconds=60.0, failed="diverged")
+    finished("wider", wider, train_cpu_seconds=99999.0)
+    # a quarter of transformer_lr0.01_s0 trained already
+    checkpoint = out / "first" / "runs" / "transformer_lr0.01_s0" / "checkpoint-1"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 1, "max_steps": 4}))
+
+    rows = {r["run"]: r for r in estimate_left(queue, out, GRID)}
+    assert list(rows) == ["first/transformer_lr0.01_s0", "first/transformer_lr1e-03_s0", "second/based_s0"]
+    assert rows["first/transformer_lr1e-03_s0"] == {"run": "first/transformer_lr1e-03_s0", "cpu_hours": 1.5,
+                                                    "like": 2, "trained": 0.0}
+    assert rows["first/transformer_lr0.01_s0"]["cpu_hours"] == pytest.approx(1.5 * 0.75)
+    assert rows["second/based_s0"]["cpu_hours"] is None and rows["second/based_s0"]["like"] == 0
+
+    assert mecheval(["queue", str(queue), "--out", str(out), "--dry-run"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].endswith("~1.1 CPU h (median of 2 finished like it, 25 % trained)")
+    assert printed[2].endswith("no finished run like it")
+    assert printed[-1] == ("3 runs left: about 2.6 CPU hours for the 2 with a finished run like them "
+                           "(lr and seeds aside); 1 without one")
