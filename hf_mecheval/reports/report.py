@@ -177,8 +177,12 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
     else:
         ax.bar(range(len(rows)), [100 * r["test_accuracy"] for r in rows], color="tab:blue")
         ax.set_xticks(range(len(rows)), run_tick_labels(rows), rotation=30, ha="right")
-    ax.set_xlabel("test accuracy (%)") if many else ax.set_ylabel("test accuracy (%)")
-    ax.set_xlim(0, 105) if many else ax.set_ylim(0, 105)
+    if many:
+        ax.set_xlabel("test accuracy (%)")
+        ax.set_xlim(0, 105)
+    else:
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylim(0, 105)
     tasks = sorted({str(r.get("task")) for r in rows if r.get("task")})
     ax.set_title(f"test accuracy, {', '.join(tasks)}" if 0 < len(tasks) <= 3 else "test accuracy")
     made.append(save_figure(fig, out / "accuracy.png"))
