@@ -31,12 +31,19 @@ def _spectrum(x: torch.Tensor, n: int) -> torch.Tensor:
     return torch.fft.rfft(x.to(torch.promote_types(x.dtype, torch.float32)), n=n)
 
 
-def _fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The FFT form with autograd's own backward (the readable reference ``FFTCausalConv`` is
-    tested against): u (B, L, C), k (C, L) -> (B, L, C), by FFTs of size 2L (no wrap-around)."""
+def _fft_conv_and_spectrum(u: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """u (B, L, C), k (C, L) -> y (B, L, C) by FFTs of size 2L (no wrap-around), and the spectrum
+    of u, (B, C, L+1)."""
     L = u.shape[1]
-    y = torch.fft.irfft(_spectrum(u.transpose(1, 2), 2 * L) * _spectrum(k, 2 * L), n=2 * L)[..., :L]
-    return y.transpose(1, 2).to(u.dtype)
+    U = _spectrum(u.transpose(1, 2), 2 * L)
+    y = torch.fft.irfft(U * _spectrum(k, 2 * L), n=2 * L)[..., :L]
+    return y.transpose(1, 2).to(u.dtype), U
+
+
+def _fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The FFT form with autograd's own backward: the readable reference ``FFTCausalConv`` is
+    tested against."""
+    return _fft_conv_and_spectrum(u, k)[0]
 
 
 class FFTCausalConv(torch.autograd.Function):
@@ -56,10 +63,7 @@ class FFTCausalConv(torch.autograd.Function):
 
     @staticmethod
     def forward(u: torch.Tensor, k: torch.Tensor):
-        L = u.shape[1]
-        U = _spectrum(u.transpose(1, 2), 2 * L)                              # (B, C, L+1)
-        y = torch.fft.irfft(U * _spectrum(k, 2 * L), n=2 * L)[..., :L]
-        return y.transpose(1, 2).to(u.dtype), U
+        return _fft_conv_and_spectrum(u, k)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

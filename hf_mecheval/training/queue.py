@@ -87,13 +87,18 @@ def read_queue(path: str | Path) -> list[Entry]:
     return entries
 
 
+def run_folder(out: str | Path, sweep_name: str, run_name: str) -> RunDir:
+    """A queue run's folder: ``<out>/<sweep>/runs/<run>``, as ``launch`` makes it."""
+    return RunDir(Path(out) / sweep_name / "runs" / run_name)
+
+
 def runs_left(path: str | Path, out: str | Path, grid: GridSettings = GridSettings()) -> dict[str, Run]:
     """``sweep/run`` -> run, of every run of the queue not done yet (its grid made with ``grid``),
     in the order the lanes take them."""
     left: dict[str, Run] = {}
     for e in read_queue(path):
         for r in e.runs():
-            if not run_done(RunDir(Path(out) / e.sweep.name / "runs" / r.name), grid):
+            if not run_done(run_folder(out, e.sweep.name, r.name), grid):
                 left.setdefault(f"{e.sweep.name}/{r.name}", r)   # a run two entries name: at its first
     return left
 
@@ -145,7 +150,7 @@ def estimate_left(path: str | Path, out: str | Path, grid: GridSettings = GridSe
     rows = []
     for name, run in runs_left(path, out, grid).items():
         like = measured.get(cost_key(run.checked().record), [])
-        trained = trained_fraction(Path(out) / name.replace("/", "/runs/", 1))
+        trained = trained_fraction(run_folder(out, *name.split("/", 1)).path)       # name: sweep/run
         hours = statistics.median(like) * (1 - trained) / 3600 if like else None
         rows.append({"run": name, "cpu_hours": hours, "like": len(like), "trained": trained})
     return rows
@@ -174,7 +179,7 @@ def next_pick(entries: list[Entry], out: Path, grid: GridSettings, skip: set[str
         candidates = entry.runs()
         for run in candidates:
             key = f"{entry.sweep.name}/{run.name}"
-            if key in skip or run_done(RunDir(out / entry.sweep.name / "runs" / run.name), grid):
+            if key in skip or run_done(run_folder(out, entry.sweep.name, run.name), grid):
                 continue
             fd = try_lock_file(claim_path(out, entry.sweep, run))
             if fd is None:
@@ -183,7 +188,7 @@ def next_pick(entries: list[Entry], out: Path, grid: GridSettings, skip: set[str
             # its stack: the job plan_jobs would make of it with the candidates left to do
             todo = [r for r in candidates if r is run or (
                 f"{entry.sweep.name}/{r.name}" not in skip
-                and not run_done(RunDir(out / entry.sweep.name / "runs" / r.name), grid))]
+                and not run_done(run_folder(out, entry.sweep.name, r.name), grid))]
             job = next(j for j in plan_jobs(todo, out / entry.sweep.name / "runs") if run.name in j.run_names())
             for other in todo:
                 if other is not run and other.name in job.run_names():
@@ -218,7 +223,7 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
             pick.release()
         for name in names:
             tried.add(f"{sweep.name}/{name}")
-            folder = RunDir(out / sweep.name / "runs" / name)
+            folder = run_folder(out, sweep.name, name)
             if name in result["in_use"]:          # another process trains it (a sweep outside the queue): its own
                 continue
             ok = run_done(folder, grid) and folder.failure is None       # diverged runs are done, and failed
