@@ -193,9 +193,10 @@ class ImplicitLongConv(nn.Module):
     No decay window and no further bias (the MLP's last Linear has one). The features are
     recomputed on the fly (tiny), as :class:`ImplicitFilter` explains."""
 
-    def __init__(self, channels: int, max_length: int, hidden: int = 16, emb_dim: int = 3):
+    def __init__(self, channels: int, max_length: int, hidden: int = 16, emb_dim: int = 3, kernels: str = "torch"):
         super().__init__()
         self.channels, self.max_length, self.emb_dim = channels, max_length, emb_dim
+        self.kernels = kernels                                                 # the direct convolution's path (ops_long_conv)
         self.mlp = nn.Sequential(nn.Linear(emb_dim, hidden), nn.ReLU(), nn.Linear(hidden, channels))
 
     def kernel(self, length: int) -> torch.Tensor:
@@ -207,7 +208,7 @@ class ImplicitLongConv(nn.Module):
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         # u: (B, L, C) -> (B, L, C)
-        return causal_conv(u, self.kernel(u.shape[1])) + u
+        return causal_conv(u, self.kernel(u.shape[1]), kernels=self.kernels) + u
 
     def step(self, u_t: torch.Tensor, history: torch.Tensor | None):
         """u_t: (B, C); history: (B, t-1, C) every earlier input (None = none). Returns (y_t, history)."""

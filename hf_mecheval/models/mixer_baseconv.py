@@ -90,14 +90,16 @@ class BaseConv(nn.Module):
             self.filter = ImplicitFilter(D, config.max_filter_length, order=config.long_filter_order, decay=False)
             self.conv_bias = nn.Parameter(torch.zeros(D))
         elif kernel == "long":
-            self.conv = ImplicitLongConv(D, config.max_filter_length, hidden=config.long_filter_order)
+            self.conv = ImplicitLongConv(D, config.max_filter_length, hidden=config.long_filter_order,
+                                         kernels=config.kernels)
         else:
             self.conv = ShortConv(D, kernel, bias=True, kernels=config.kernels)
+        self.kernels = config.kernels
         self.conv_output = Site("convolution output, (batch, length, hidden)")
 
     def _conv(self, u: torch.Tensor) -> torch.Tensor:
         if self.long_v1:
-            return causal_conv(u, self.filter(u.shape[1])) + self.conv_bias
+            return causal_conv(u, self.filter(u.shape[1]), kernels=self.kernels) + self.conv_bias
         return self.conv(u)
 
     def forward(self, u: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -333,6 +333,7 @@ class H3(WindowAndRecurrentState, nn.Module):
         D, N, P = config.hidden_size, config.d_state, config.head_dim
         self.layer_idx = layer_idx
         self.ssm_form = config.ssm_form
+        self.kernels = config.kernels                  # the direct long convolutions' path (ops_long_conv)
         self.hidden_size, self.d_state, self.head_dim = D, N, P
         self.num_heads = D // P
         # the outer product k v^T has H * P * P = D * P channels
@@ -365,7 +366,7 @@ class H3(WindowAndRecurrentState, nn.Module):
             s = (u_back * self.ssm_kernel(L).T).sum(2) + self._skip() * at_positions(u, keep)
             q = at_positions(q, keep)                                          # (B, k, D)
         else:  # fast path: the SSM unrolled into one long convolution
-            s = causal_conv(u, self.ssm_kernel(L)) + self._skip() * u          # (B, L, C)
+            s = causal_conv(u, self.ssm_kernel(L), kernels=self.kernels) + self._skip() * u   # (B, L, C)
             if keep is not None:                                               # many answers per row (MQAR)
                 s, q = at_positions(s, keep), at_positions(q, keep)            # (B, k, C), (B, k, D)
         return self.out_proj(self._contract(q, s))
@@ -442,7 +443,7 @@ class H3Reference(H3):
         q, k_in, v = self.q_proj(x), zero_padding(self.k_proj(x), mask), self.v_proj(x)   # (B, L, D)
         k = self.conv_output(self._shift(k_in))
         u = self._outer(k, v)                                                  # (B, L, C)
-        s = causal_conv(u, self.ssm_kernel(L)) + self._skip() * u
+        s = causal_conv(u, self.ssm_kernel(L), kernels=self.kernels) + self._skip() * u
         return self.out_proj(self._contract(q, s)), (self._shift_state_after(k_in), self._ssm_state_after(u))
 
     def _shift_state_after(self, k: torch.Tensor) -> torch.Tensor:
@@ -451,7 +452,7 @@ class H3Reference(H3):
         convolution of the last N inputs, newest first, with B. -> (B, D, N)."""
         N, L = self.d_state, k.shape[1]
         newest_first = F.pad(k[:, max(0, L - N):].flip(1), (0, 0, 0, max(0, N - L)))   # (B, N, D)
-        return causal_conv(newest_first, self.ssm_k_kernel.B.to(k.dtype)).transpose(1, 2)
+        return causal_conv(newest_first, self.ssm_k_kernel.B.to(k.dtype), kernels=self.kernels).transpose(1, 2)
 
     def _ssm_state_after(self, u: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """The diagonal SSM's state after reading u (B, L, C): h = sum_s dA^(L-1-s) dB u_s, chunk by
@@ -474,7 +475,7 @@ class H3Reference(H3):
 
     def _shift(self, k):
         """k (B, L, D) -> K_shift * k + ssm_k_D k."""
-        return causal_conv(k, self.ssm_k_kernel.kernel(k.shape[1])) + self.ssm_k_D * k
+        return causal_conv(k, self.ssm_k_kernel.kernel(k.shape[1]), kernels=self.kernels) + self.ssm_k_D * k
 
     def _shift_step(self, k_t, x):
         """k_t (B, D); x: the shift SSM's state (B, D, N) or None."""
@@ -608,7 +609,7 @@ class H3MechEvalV1(H3):
         return F.pad(k, (0, max(0, L - self.d_state)))
 
     def _shift(self, k):
-        return causal_conv(k, self.shift_kernel(k.shape[1]))
+        return causal_conv(k, self.shift_kernel(k.shape[1]), kernels=self.kernels)
 
     def _expanded(self):
         """Decay a, input gain b, readout C (each (D*P, N)) and skip D (D*P,) per outer-product channel."""

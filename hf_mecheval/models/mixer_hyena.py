@@ -84,6 +84,7 @@ class HyenaOperator(nn.Module):
         self.layer_idx = layer_idx
         self.hidden_size = D
         self.filter_form = config.filter_form
+        self.kernels = config.kernels                          # the direct long convolution's path (ops_long_conv)
         self.in_proj = nn.Linear(D, 3 * D)
         self.short_conv = ShortConv(3 * D, config.short_conv_kernel, kernels=config.kernels)
         if self.filter_form == "reference":
@@ -113,7 +114,7 @@ class HyenaOperator(nn.Module):
         z = self.conv_output(self.short_conv(conv_in))
         x0, x1, v = z.chunk(3, dim=-1)                           # (B, L, D) each
         v = zero_padding(v * x1, mask)
-        y = causal_conv(v, self.filter(L)) + self._skip(v)       # filter: (D, L)
+        y = causal_conv(v, self.filter(L), kernels=self.kernels) + self._skip(v)   # filter: (D, L)
         return self.out_proj(y * x0), (self.short_conv.state_after(conv_in), v)
 
     def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):

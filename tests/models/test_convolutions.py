@@ -1,9 +1,11 @@
 """The shared convolutions against naive loops and against each other: the direct (grouped
-conv1d with a hand-written backward) and FFT long convolutions, and the short depthwise conv."""
+conv1d with a hand-written backward, or the compiled CPU convolution) and FFT long convolutions,
+and the short depthwise conv."""
 import pytest
 import torch
 from torch.nn import functional as F
 
+from hf_mecheval.models import cpu_kernels
 from hf_mecheval.models.convolutions import ShortConv
 from hf_mecheval.models.ops_long_conv import (DirectCausalConv, FFTCausalConv, _fft_causal_conv, _grouped_causal_conv,
                                               causal_conv)
@@ -24,11 +26,55 @@ def _inputs(B=3, L=9, C=4, extra_taps=2, dtype=torch.float64, seed=0):
     return torch.randn(B, L, C, generator=g, dtype=dtype), torch.randn(C, L + extra_taps, generator=g, dtype=dtype)
 
 
-@pytest.mark.parametrize("use_fft", [False, True])
-def test_long_conv_equals_naive_sum(use_fft):
+needs_compiler = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the kernels are not built")
+
+
+def compiled_conv(u, k):
+    """The direct form on the compiled CPU convolution (``kernels="auto"``, as runs train)."""
+    return causal_conv(u, k, use_fft=False, kernels="auto")
+
+
+@pytest.mark.parametrize("use_fft, kernels", [(False, "torch"), (True, "torch"),
+                                              pytest.param(False, "auto", marks=needs_compiler)],
+                         ids=["direct", "fft", "compiled"])
+def test_long_conv_equals_naive_sum(use_fft, kernels):
     u, k = _inputs(dtype=torch.float32)     # the FFT path computes in float32
-    torch.testing.assert_close(causal_conv(u, k, use_fft=use_fft), naive_causal_conv(u, k[:, :u.shape[1]]),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(causal_conv(u, k, use_fft=use_fft, kernels=kernels),
+                               naive_causal_conv(u, k[:, :u.shape[1]]), atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("L", [1, 6, 37])
+def test_compiled_direct_conv_matches_the_grouped_conv_and_gradcheck(L):
+    """Values and both gradients against autograd through the grouped conv1d, in float64 (where
+    the kernel computes in float64: equal to rounding), at lengths down to one tap."""
+    u, k = _inputs(B=2, L=L, C=5, extra_taps=0, seed=L)
+    u.requires_grad_(True)
+    k.requires_grad_(True)
+    g = torch.randn(2, L, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    y = compiled_conv(u, k)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, _grouped_causal_conv(u, k))
+    want = torch.autograd.grad(_grouped_causal_conv(u, k), (u, k), g)
+    for w, h in zip(want, torch.autograd.grad(y, (u, k), g)):
+        torch.testing.assert_close(h, w)
+    if L <= 6:
+        assert torch.autograd.gradcheck(compiled_conv, (u, k))
+
+
+@needs_compiler
+def test_compiled_direct_conv_is_chosen_by_the_kernels_mode(monkeypatch):
+    """kernels="auto" on a CPU runs the compiled kernel, "torch" the grouped conv1d: each path
+    is what it says (a spy on the kernel), and the two agree in float32."""
+    calls = []
+    real = cpu_kernels.short_conv_cpu
+    monkeypatch.setattr(cpu_kernels, "short_conv_cpu", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    u, k = _inputs(B=4, L=37, C=16, extra_taps=0, dtype=torch.float32)
+    y_torch = causal_conv(u, k, kernels="torch")
+    assert not calls
+    y_auto = causal_conv(u, k, kernels="auto")
+    assert calls == [1]
+    torch.testing.assert_close(y_auto, y_torch, atol=1e-5, rtol=1e-5)
 
 
 def test_long_conv_is_causal():
@@ -81,7 +127,8 @@ def test_fft_conv_in_float32_matches_the_direct_form_at_an_mqar_length():
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("conv", [DirectCausalConv.apply, fft_conv], ids=["direct", "fft"])
+@pytest.mark.parametrize("conv", [DirectCausalConv.apply, fft_conv, pytest.param(compiled_conv, marks=needs_compiler)],
+                         ids=["direct", "fft", "compiled"])
 def test_conv_under_vmap_equals_each_copy(conv):
     """Stacked runs vmap the convolution over copies, each with its own kernel."""
     g = torch.Generator().manual_seed(1)
@@ -111,12 +158,39 @@ def test_direct_conv_under_bfloat16_autocast_matches_plain_autograd():
     u, k = _inputs(dtype=torch.float32)
     k = k[:, :u.shape[1]].contiguous()
     grads = []
-    for conv in (DirectCausalConv.apply, _grouped_causal_conv):
+    convs = (DirectCausalConv.apply, _grouped_causal_conv) + ((compiled_conv,) if cpu_kernels.available() else ())
+    for conv in convs:
         a, b = u.clone().requires_grad_(), k.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = conv(a, b)
         y.float().square().sum().backward()
         assert a.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
         grads.append((a.grad, b.grad))
-    for mine, want in zip(*grads):
-        torch.testing.assert_close(mine, want, atol=0.05, rtol=0.02)
+    for fast in grads[:1] + grads[2:]:
+        for mine, want in zip(fast, grads[1]):
+            torch.testing.assert_close(mine, want, atol=0.05, rtol=0.02)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("architecture, fields", [
+    ("h3", dict(hidden_size=16, d_state=8)),
+    ("h3", dict(hidden_size=16, d_state=8, ssm_form="mecheval-v1")),
+    ("hyena", dict(hidden_size=16)),
+    ("baseconv", dict(hidden_size=16, kernel_schedule=["long", 3])),
+    ("baseconv", dict(hidden_size=16, kernel_schedule=["long", 3], long_conv_form="mecheval-v1")),
+], ids=["h3", "h3-v1", "hyena", "baseconv", "baseconv-v1"])
+def test_a_training_step_with_long_convolutions_is_the_same_on_both_kernel_paths(architecture, fields, dtype,
+                                                                                monkeypatch):
+    """Every mixer with a direct long convolution: a training step as a run takes it (length 23)
+    on the compiled convolution (kernels="auto") and on the grouped conv1d ("torch"): the loss
+    and every parameter's gradient to 1e-12 / 1e-10 in float64 and 1e-6 / 1e-5 in float32 (of the
+    loss and of each gradient's largest entry). A spy checks that the long convolution (23 taps,
+    not a short one's few) did run compiled."""
+    from recurrent_mixers import assert_training_step_equal_across_kernels
+    taps = []
+    real = cpu_kernels.short_conv_cpu
+    monkeypatch.setattr(cpu_kernels, "short_conv_cpu", lambda x, w, *a, **kw: taps.append(w.shape[-1]) or real(x, w, *a, **kw))
+    tolerance = (1e-12, 1e-10) if dtype == torch.float64 else (1e-6, 1e-5)
+    assert_training_step_equal_across_kernels(architecture, dtype, *tolerance, **fields)
+    assert 23 in taps
