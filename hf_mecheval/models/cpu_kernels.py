@@ -10,10 +10,15 @@ seconds.
 * ``short_conv_cpu`` (``short_conv_cpu.cpp``): the depthwise causal short convolution of
   ``ops_short_conv.short_conv`` (Mamba, Mamba-2, Hyena, BaseConv, DeltaNet, Gated DeltaNet), in
   one pass forward and one backward instead of 2K - 1 whole-tensor passes each, with its bias
-  and (``activation="silu"``, Mamba's and Mamba-2's) the SiLU after it in the same pass;
+  and (``activation="silu"``, Mamba's and Mamba-2's) the SiLU after it in the same pass; with a
+  sequence-long kernel as its taps, also the direct long convolution of ``ops_long_conv.causal_conv``
+  (H3, Hyena, BaseConv's long layers, up to 64 tokens);
 * ``ssd_cpu`` (``ssd_cpu.cpp``): Mamba-2's SSD (a scalar decay per head) as a scan over time,
   what ``ops_ssd.ssd_chunked`` computes (without D), forward and backward, instead of the chunks'
-  attention form and its whole-tensor passes over (batch, heads, length, length) tensors.
+  attention form and its whole-tensor passes over (batch, heads, length, length) tensors;
+* ``conjugate_pair_taps_cpu`` (``ssm_taps_cpu.cpp``): the taps of H3's diagonal SSM,
+  ``ops_ssm_taps.ConjugatePairTaps``, forward and its backward by Horner's rule in one pass per
+  head over its modes, instead of L whole-tensor complex products and sums each way.
 
 Where no compiler is found the mixers keep their PyTorch paths; a checkpoint's copy of the
 modeling code never imports this module (``kernels.cpu_kernel``).
@@ -39,11 +44,13 @@ from transformers.utils import logging
 
 from .mixers import fold_copies
 from .ops_selective_scan import _row_decays, _state_major
+from .ops_ssm_taps import ConjugatePairTaps
 
 logger = logging.get_logger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("selective_scan_cpu.cpp", "short_conv_cpu.cpp",
-                                                            "cpu_threads.h", "cpu_vectors.h", "ssd_cpu.cpp"))
+                                                            "cpu_threads.h", "cpu_vectors.h", "ssd_cpu.cpp",
+                                                            "ssm_taps_cpu.cpp"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC", "-std=c++17", "-pthread"]
 
 
@@ -89,7 +96,7 @@ def kernel_library() -> ctypes.CDLL | None:
                        f"PyTorch paths")
         return None
     for kernel in ("scan_forward", "scan_backward", "short_conv_forward", "short_conv_backward", "ssd_forward",
-                   "ssd_backward"):
+                   "ssd_backward", "ssm_taps_forward", "ssm_taps_backward"):
         for suffix in ("f32", "f64"):
             getattr(lib, f"{kernel}_{suffix}").restype = None
     return lib
@@ -415,3 +422,63 @@ def ssd_cpu(x, dt, A, B, C) -> torch.Tensor:
     the compiled scan (where ``available()``). Inputs in a lower precision are scanned in float32;
     y comes back in x's dtype."""
     return CpuSsd.apply(*_one_dtype([x, dt, A, B, C])).to(x.dtype)
+
+
+# --------------------------------------------------------------------------- H3's SSM taps
+class CpuConjugatePairTaps(torch.autograd.Function):
+    """taps (C, L) = ``ops_ssm_taps.ConjugatePairTaps.apply(w, a, L)``, 2 Re sum_n w a^l, by the
+    compiled kernel: w, a (C, N) complex64 or complex128, on the CPU; use ``conjugate_pair_taps_cpu``.
+    The kernel takes each complex tensor as two planar real ones (real parts, imaginary parts)."""
+
+    @staticmethod
+    def forward(w, a, L):
+        planes = _planes(w) + _planes(a)
+        taps = planes[0].new_empty(w.shape[0], L)
+        _run_taps("ssm_taps_forward", dict(w_re=planes[0], w_im=planes[1], a_re=planes[2], a_im=planes[3],
+                                           taps=taps), L)
+        return taps
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        w, a, L = inputs
+        ctx.save_for_backward(w, a)
+        ctx.L = L
+
+    @staticmethod
+    def backward(ctx, G):
+        w, a = ctx.saved_tensors
+        planes = _planes(w) + _planes(a)
+        grads = [torch.empty_like(planes[0]) for _ in range(4)]
+        _run_taps("ssm_taps_backward", dict(w_re=planes[0], w_im=planes[1], a_re=planes[2], a_im=planes[3],
+                                            G=G.to(planes[0].dtype).contiguous(), gw_re=grads[0], gw_im=grads[1],
+                                            ga_re=grads[2], ga_im=grads[3]), ctx.L)
+        return torch.complex(grads[0], grads[1]), torch.complex(grads[2], grads[3]), None
+
+    @staticmethod
+    def vmap(info, in_dims, w, a, L):
+        # stacked copies: every channel is independent, so fold the copies into the channels
+        K = info.batch_size
+        taps = CpuConjugatePairTaps.apply(*fold_copies(K, (w, a), in_dims[:2]), L)
+        return taps.view(K, -1, L), 0
+
+
+def _planes(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """z (C, N) complex -> its real and imaginary parts, each (C, N) contiguous."""
+    return z.real.contiguous(), z.imag.contiguous()
+
+
+def _run_taps(kernel: str, tensors: dict[str, torch.Tensor], L: int) -> None:
+    """Call the taps ``kernel`` with ``tensors`` (``_call``) and (C, N, L, threads)."""
+    C, N = tensors["w_re"].shape
+    shapes = {name: (C, L) if name in ("taps", "G") else (C, N) for name in tensors}
+    _call(kernel, tensors, shapes, (C, N, L, _threads_for(8 * C * N * L)))
+
+
+def conjugate_pair_taps_cpu(w: torch.Tensor, a: torch.Tensor, L: int) -> torch.Tensor:
+    """``ops_ssm_taps.ConjugatePairTaps.apply(w, a, L)`` by the compiled kernel (where
+    ``available()``): w, a (C, N) complex -> taps (C, L) real, in w's precision. No taps (L = 0)
+    take the PyTorch form."""
+    if L < 1:
+        return ConjugatePairTaps.apply(w, a, L)
+    dtype = torch.promote_types(w.dtype, a.dtype)
+    return CpuConjugatePairTaps.apply(w.to(dtype), a.to(dtype), L)

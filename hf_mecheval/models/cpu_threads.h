@@ -1,6 +1,6 @@
 // Rows split between threads, for the compiled CPU kernels (selective_scan_cpu.cpp,
-// short_conv_cpu.cpp, ssd_cpu.cpp): each row is computed by one thread alone, so the results do not depend on
-// how many threads there are.
+// short_conv_cpu.cpp, ssd_cpu.cpp, ssm_taps_cpu.cpp): each row is computed by one thread alone, so
+// the results do not depend on how many threads there are.
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -1,6 +1,7 @@
 // Vectors of W = 16 lanes and the math the compiled CPU kernels run on them (exp, softplus,
 // sigmoid, lane sums; loads and stores of a partial block), shared by selective_scan_cpu.cpp,
-// short_conv_cpu.cpp and ssd_cpu.cpp. Compiled without -ffast-math: nothing here is reassociated.
+// short_conv_cpu.cpp, ssd_cpu.cpp and ssm_taps_cpu.cpp. Compiled without -ffast-math: nothing here
+// is reassociated.
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -68,6 +68,13 @@ def cpu_ssd(mode: str, device: torch.device):
     return cpu_kernel("ssd_cpu", "Mamba-2's SSD", mode, device)
 
 
+def cpu_ssm_taps(mode: str, device: torch.device):
+    """The compiled CPU taps of a diagonal SSM of conjugate pairs (``cpu_kernels.conjugate_pair_taps_cpu``:
+    ``ops_ssm_taps.ConjugatePairTaps.apply``'s arguments and result) where they should run under
+    ``mode``, else None."""
+    return cpu_kernel("conjugate_pair_taps_cpu", "H3's SSM taps", mode, device)
+
+
 def cpu_kernel(name: str, what: str, mode: str, device: torch.device):
     """``cpu_kernels.<name>`` where a compiled CPU kernel should run under ``mode`` (any but
     "torch", on a CPU, where the kernels build), else None. Imported by name: transformers copies

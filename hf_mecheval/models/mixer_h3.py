@@ -107,6 +107,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .convolutions import ShortConv
+from .kernels import cpu_ssm_taps
 from .ops_long_conv import causal_conv
 from .ops_ssm_taps import ConjugatePairTaps, PowerSumTaps
 from .recurrent_cache import RecurrentStateLayer, WindowAndRecurrentState
@@ -221,11 +222,13 @@ class DiagonalSSM(nn.Module):
     independent complex diagonal SSMs of N/2 modes, bilinear discretisation (module docstring).
 
     Parameters (real tensors; complex ones as (..., 2) = (real, imaginary), as the reference
-    keeps them): log_dt (H,), inv_A_real (H, N/2), A_imag (H, N/2), B (H, N/2, 2), C (H, N/2, 2)."""
+    keeps them): log_dt (H,), inv_A_real (H, N/2), A_imag (H, N/2), B (H, N/2, 2), C (H, N/2, 2).
+    ``kernels``: the mixer's mode, under which the taps run compiled on a CPU (``kernel``)."""
 
-    def __init__(self, H: int, N: int, dt_min: float = 1e-3, dt_max: float = 1e-1):
+    def __init__(self, H: int, N: int, dt_min: float = 1e-3, dt_max: float = 1e-1, kernels: str = "torch"):
         super().__init__()
         self.H, self.modes = H, N // 2
+        self.kernels = kernels
         self.dt_min, self.dt_max = dt_min, dt_max
         self.log_dt = nn.Parameter(torch.empty(H))
         self.inv_A_real = nn.Parameter(torch.empty(H, self.modes))
@@ -285,12 +288,14 @@ class DiagonalSSM(nn.Module):
 
     def kernel(self, L: int) -> torch.Tensor:
         """K[h, l] = 2 Re sum_n C dB dA^l, (H, L) in the parameters' dtype, the powers by repeated
-        multiplication (``ConjugatePairTaps``). Measured on one CPU thread at H 32, N/2 512: forward
-        + backward ~8 ms at L 37 and ~90 ms at L 1024, peak ~2.4 MiB; the Vandermonde matrix of
-        complex exponentials (``kernel_vandermonde``) took ~70 ms at L 37 and peaked at ~510 MiB
-        at L 1024."""
+        multiplication (``ConjugatePairTaps``; on a CPU under ``kernels`` "auto" the compiled kernel
+        that computes the same in one pass per head, ``cpu_kernels.conjugate_pair_taps_cpu``).
+        Measured on one CPU thread at H 32, N/2 512: forward + backward ~8 ms at L 37 and ~90 ms
+        at L 1024, peak ~2.4 MiB; the Vandermonde matrix of complex exponentials
+        (``kernel_vandermonde``) took ~70 ms at L 37 and peaked at ~510 MiB at L 1024."""
         dA, dB, C = self.discretize()
-        return ConjugatePairTaps.apply(C * dB, dA, L).to(self.log_dt.dtype)
+        taps = cpu_ssm_taps(self.kernels, dA.device) or ConjugatePairTaps.apply
+        return taps(C * dB, dA, L).to(self.log_dt.dtype)
 
     def kernel_vandermonde(self, L: int) -> torch.Tensor:
         """The same kernel as the reference writes it (its ``log_vandermonde``): the powers as the
@@ -391,7 +396,7 @@ class H3Reference(H3):
         D, N, H = self.hidden_size, self.d_state, self.num_heads
         self.ssm_k_kernel = ShiftSSM(D, N)                     # shift SSM on k, per model channel
         self.ssm_k_D = nn.Parameter(torch.empty(D))            # its skip
-        self.kernel = DiagonalSSM(H, N)                        # S4D-Lin, one per head
+        self.kernel = DiagonalSSM(H, N, kernels=config.kernels)   # S4D-Lin, one per head
         self.D = nn.Parameter(torch.empty(H))                  # its skip, per head
         self.init_mecheval_parameters()
 

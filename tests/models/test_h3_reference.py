@@ -381,18 +381,55 @@ def test_mixer_forms_sets_the_ssm_form():
 
 
 # ------------------------------------------------------------------ the kernel's taps
-def test_conjugate_pair_taps_against_the_closed_form_and_gradcheck():
+def _compiled_taps():
+    """The compiled taps (``cpu_kernels.conjugate_pair_taps_cpu``), or None where the kernels are not built."""
+    from hf_mecheval.models import cpu_kernels
+    return cpu_kernels.conjugate_pair_taps_cpu if cpu_kernels.available() else None
+
+
+def _modes(C, N, seed, dtype=torch.complex128):
+    """w (C, N) complex normal; a (C, N) inside the unit disc, radii 0.2-0.95, angles 0-3."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(C, N, generator=g, dtype=dtype)
+    real = torch.float64 if dtype == torch.complex128 else torch.float32
+    radius = 0.2 + 0.75 * torch.rand(C, N, generator=g, dtype=real)
+    angle = 3 * torch.rand(C, N, generator=g, dtype=real)
+    return w.requires_grad_(), torch.polar(radius, angle).requires_grad_()
+
+
+@pytest.mark.parametrize("form", ["torch", "compiled"])
+def test_conjugate_pair_taps_against_the_closed_form_and_gradcheck(form):
     from hf_mecheval.models.ops_ssm_taps import ConjugatePairTaps
 
-    g = torch.Generator().manual_seed(0)
+    taps = ConjugatePairTaps.apply if form == "torch" else _compiled_taps()
+    if taps is None:
+        pytest.skip("no C++ compiler: the kernels are not built")
     for L in (1, 2, 9):
-        w = torch.randn(3, 4, generator=g, dtype=torch.complex128).requires_grad_()
-        radius = 0.2 + 0.75 * torch.rand(3, 4, generator=g, dtype=f64)
-        angle = 3 * torch.rand(3, 4, generator=g, dtype=f64)
-        a = torch.polar(radius, angle).requires_grad_()
-        assert torch.autograd.gradcheck(lambda w, a: ConjugatePairTaps.apply(w, a, L), (w, a))
+        w, a = _modes(3, 4 if form == "torch" else 21, seed=L)     # 21 modes: a whole block of 16 and a part
+        assert torch.autograd.gradcheck(lambda w, a: taps(w, a, L), (w, a))
         closed = 2 * (w[..., None] * a[..., None] ** torch.arange(L, dtype=f64)).sum(1).real
-        torch.testing.assert_close(ConjugatePairTaps.apply(w, a, L), closed, rtol=0, atol=1e-12)
+        torch.testing.assert_close(taps(w, a, L), closed, rtol=0, atol=1e-12)
+
+
+def test_compiled_taps_equal_the_pytorch_form_in_float32_at_h3s_width_256():
+    """The compiled kernel against ``ConjugatePairTaps`` at H3's width-256 sizes (128 heads, 512
+    modes, 37 taps) in complex64: taps and both gradients within 1e-5 of their largest entry (the
+    sums over 512 modes are taken in another order), and under vmap (stacked copies)."""
+    from hf_mecheval.models.ops_ssm_taps import ConjugatePairTaps
+
+    taps = _compiled_taps()
+    if taps is None:
+        pytest.skip("no C++ compiler: the kernels are not built")
+    w, a = _modes(128, 512, seed=5, dtype=torch.complex64)
+    G = torch.randn(128, 37, generator=torch.Generator().manual_seed(6))
+    want, got = ConjugatePairTaps.apply(w, a, 37), taps(w, a, 37)
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    for g_want, g_got in zip(torch.autograd.grad(want, (w, a), G), torch.autograd.grad(got, (w, a), G)):
+        assert (g_got - g_want).abs().max() <= 1e-5 * g_want.abs().max()
+    stacked_w, stacked_a = _modes(6, 20, seed=7)                # (copies 2 x 3 channels, 20 modes)
+    stacked = torch.func.vmap(lambda w, a: taps(w, a, 5))(stacked_w.view(2, 3, 20), stacked_a.view(2, 3, 20))
+    torch.testing.assert_close(stacked.flatten(0, 1), ConjugatePairTaps.apply(stacked_w, stacked_a, 5))
 
 
 @pytest.mark.parametrize("L", [1, 7, 37, 100])
