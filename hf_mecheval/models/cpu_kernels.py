@@ -18,7 +18,9 @@ seconds.
   attention form and its whole-tensor passes over (batch, heads, length, length) tensors;
 * ``conjugate_pair_taps_cpu`` (``ssm_taps_cpu.cpp``): the taps of H3's diagonal SSM,
   ``ops_ssm_taps.ConjugatePairTaps``, forward and its backward by Horner's rule in one pass per
-  head over its modes, instead of L whole-tensor complex products and sums each way.
+  head over its modes, instead of L whole-tensor complex products and sums each way; and
+  ``shift_taps_cpu``, H3's shift-SSM kernel (the cross-correlation of its B and C) lag by lag,
+  instead of FFTs of its whole state.
 
 Where no compiler is found the mixers keep their PyTorch paths; a checkpoint's copy of the
 modeling code never imports this module (``kernels.cpu_kernel``).
@@ -96,7 +98,7 @@ def kernel_library() -> ctypes.CDLL | None:
                        f"PyTorch paths")
         return None
     for kernel in ("scan_forward", "scan_backward", "short_conv_forward", "short_conv_backward", "ssd_forward",
-                   "ssd_backward", "ssm_taps_forward", "ssm_taps_backward"):
+                   "ssd_backward", "ssm_taps_forward", "ssm_taps_backward", "shift_taps_forward", "shift_taps_backward"):
         for suffix in ("f32", "f64"):
             getattr(lib, f"{kernel}_{suffix}").restype = None
     return lib
@@ -482,3 +484,54 @@ def conjugate_pair_taps_cpu(w: torch.Tensor, a: torch.Tensor, L: int) -> torch.T
         return ConjugatePairTaps.apply(w, a, L)
     dtype = torch.promote_types(w.dtype, a.dtype)
     return CpuConjugatePairTaps.apply(w.to(dtype), a.to(dtype), L)
+
+
+class CpuShiftTaps(torch.autograd.Function):
+    """K (C, T) = the first T lags of the cross-correlation of B and C (C, N), K[c, l] =
+    sum_m B[c, m] C[c, m + l] (``mixer_h3.ShiftSSM.kernel``'s, there by FFTs), by the compiled
+    kernel: float32 or float64, on the CPU; use ``shift_taps_cpu``."""
+
+    @staticmethod
+    def forward(B, C, T):
+        B, C = B.contiguous(), C.contiguous()
+        K = B.new_empty(B.shape[0], T)
+        _run_shift("shift_taps_forward", dict(B=B, C=C, K=K), T)
+        return K
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        B, C, T = inputs
+        ctx.save_for_backward(B, C)
+        ctx.T = T
+
+    @staticmethod
+    def backward(ctx, G):
+        B, C = (t.contiguous() for t in ctx.saved_tensors)
+        gB, gC = B.new_empty(B.shape), C.new_empty(C.shape)
+        _run_shift("shift_taps_backward", dict(B=B, C=C, G=G.to(B.dtype).contiguous(), gB=gB, gC=gC), ctx.T)
+        return gB, gC, None
+
+    @staticmethod
+    def vmap(info, in_dims, B, C, T):
+        # stacked copies: every channel is independent, so fold the copies into the channels
+        K = info.batch_size
+        taps = CpuShiftTaps.apply(*fold_copies(K, (B, C), in_dims[:2]), T)
+        return taps.view(K, -1, T), 0
+
+
+def _run_shift(kernel: str, tensors: dict[str, torch.Tensor], T: int) -> None:
+    """Call the shift-SSM ``kernel`` with ``tensors`` (``_call``) and (C, N, T, threads)."""
+    C, N = tensors["B"].shape
+    shapes = {name: (C, T) if name in ("K", "G") else (C, N) for name in tensors}
+    _call(kernel, tensors, shapes, (C, N, T, _threads_for(2 * C * N * T)))
+
+
+def shift_taps_cpu(B: torch.Tensor, C: torch.Tensor, T: int) -> torch.Tensor:
+    """The first T lags (1 <= T <= N) of the cross-correlation of B and C (C, N), by the compiled
+    kernel (where ``available()``): K[c, l] = sum_m B[c, m] C[c, m + l], (C, T) in their dtype
+    (at least float32)."""
+    N = B.shape[-1]
+    if not 1 <= T <= N:
+        raise ValueError(f"shift_taps_cpu: the lags T must be between 1 and the state size {N}, got {T}")
+    dtype = torch.promote_types(torch.promote_types(B.dtype, C.dtype), torch.float32)
+    return CpuShiftTaps.apply(B.to(dtype), C.to(dtype), T)

@@ -75,6 +75,12 @@ def cpu_ssm_taps(mode: str, device: torch.device):
     return cpu_kernel("conjugate_pair_taps_cpu", "H3's SSM taps", mode, device)
 
 
+def cpu_shift_taps(mode: str, device: torch.device):
+    """The compiled CPU kernel of H3's shift SSM (``cpu_kernels.shift_taps_cpu``: the first T lags of
+    the cross-correlation of its B and C) where it should run under ``mode``, else None."""
+    return cpu_kernel("shift_taps_cpu", "H3's shift-SSM kernel", mode, device)
+
+
 def cpu_kernel(name: str, what: str, mode: str, device: torch.device):
     """``cpu_kernels.<name>`` where a compiled CPU kernel should run under ``mode`` (any but
     "torch", on a CPU, where the kernels build), else None. Imported by name: transformers copies

@@ -177,8 +177,17 @@ def test_the_shift_ssm_and_its_skip_are_a_shift_register_plus_d_k(L):
     torch.testing.assert_close(torch.stack(steps, 1), shift_by_hand(m, k), rtol=1e-10, atol=1e-12)
 
 
-def test_the_shift_kernel_is_the_cross_correlation_of_b_and_c():
+def _shift_kernel_paths():
+    """The shift SSM's kernel by FFT ("torch"), and compiled lag by lag ("auto") where the kernels build."""
+    from hf_mecheval.models import cpu_kernels
+    return ["torch", pytest.param("auto", marks=pytest.mark.skipif(not cpu_kernels.available(),
+                                                                   reason="no C++ compiler: the kernels are not built"))]
+
+
+@pytest.mark.parametrize("kernels", _shift_kernel_paths())
+def test_the_shift_kernel_is_the_cross_correlation_of_b_and_c(kernels):
     m = reference_mixer(D=3, N=8, P=1)
+    m.ssm_k_kernel.kernels = kernels
     Bm, Cm = m.ssm_k_kernel.B.detach(), m.ssm_k_kernel.C.detach()
     for L in (3, 8, 12):
         want = torch.zeros(3, L, dtype=f64)
@@ -188,12 +197,14 @@ def test_the_shift_kernel_is_the_cross_correlation_of_b_and_c():
         torch.testing.assert_close(m.ssm_k_kernel.kernel(L), want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernels", _shift_kernel_paths())
 @pytest.mark.parametrize("L", [1, 3, 7, 8, 12])
-def test_the_shift_kernel_by_the_smaller_fft_has_the_gradients_of_the_size_2n_one(L):
-    """The kernel's FFTs are of the smallest 5-smooth size >= N + min(N, L) - 1; values and
-    gradients are those of the reference's size 2N."""
+def test_the_shift_kernel_by_the_smaller_fft_has_the_gradients_of_the_size_2n_one(L, kernels):
+    """The kernel's FFTs are of the smallest 5-smooth size >= N + min(N, L) - 1, or (compiled)
+    its lags one by one; values and gradients are those of the reference's size 2N."""
     m = reference_mixer(D=3, N=8, P=1)
     shift = m.ssm_k_kernel
+    shift.kernels = kernels
     G = torch.randn(3, L, dtype=f64, generator=torch.Generator().manual_seed(5))
 
     def size_2n(B, C):
@@ -206,6 +217,39 @@ def test_the_shift_kernel_by_the_smaller_fft_has_the_gradients_of_the_size_2n_on
     torch.testing.assert_close(shift.kernel(L), size_2n(shift.B, shift.C), rtol=1e-10, atol=1e-12)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_the_compiled_shift_kernel_equals_the_ffts_at_h3s_width_256_and_under_vmap(monkeypatch):
+    """At H3's width-256 sizes (256 channels, N 1 024, 37 lags) in float32: the compiled lags
+    (``shift_taps_cpu``; sums in another order) and the FFTs, values and both gradients within
+    1e-5 of their largest entry; at 70 lags (over SHIFT_LAGS_DIRECT_MAX) the FFTs run; and the
+    compiled kernel under vmap (stacked copies) equals it copy by copy."""
+    from hf_mecheval.models import cpu_kernels
+    from hf_mecheval.models.mixer_h3 import SHIFT_LAGS_DIRECT_MAX, ShiftSSM
+
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler: the kernels are not built")
+    torch.manual_seed(0)
+    shift = ShiftSSM(256, 1024)
+    with torch.no_grad():
+        shift.B.normal_()                                   # trained B is dense, not e_0
+    G = torch.randn(256, 37)
+    paths = {}
+    for kernels in ("torch", "auto"):
+        shift.kernels = kernels
+        K = shift.kernel(37)
+        paths[kernels] = (K, *torch.autograd.grad((K * G).sum(), (shift.B, shift.C)))
+    for got, want in zip(paths["auto"], paths["torch"]):
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    calls = []
+    real = cpu_kernels.shift_taps_cpu
+    monkeypatch.setattr(cpu_kernels, "shift_taps_cpu", lambda *a: calls.append(a[2]) or real(*a))
+    shift.kernel(37), shift.kernel(SHIFT_LAGS_DIRECT_MAX + 6)
+    assert calls == [37]
+    B, C = torch.randn(2, 3, 9, dtype=f64), torch.randn(2, 3, 9, dtype=f64)
+    stacked = torch.func.vmap(lambda b, c: real(b, c, 5))(B, C)
+    for i in range(2):
+        torch.testing.assert_close(stacked[i], real(B[i], C[i], 5))
 
 
 def test_smooth_fft_sizes():
