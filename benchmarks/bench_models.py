@@ -102,22 +102,28 @@ def step_flops(model, optimizer, batch) -> tuple[int, int]:
     """(counted, by hand): the floating-point operations of one training step on ``batch`` as
     ``FlopCounterMode`` counts them, and those it cannot see, written out by hand (the compiled
     scans' arithmetic: Mamba's in every layer, Mamba-2's SSD in the layers that call it, counted
-    per call). The step is taken (one more AdamW update)."""
+    per call; the compiled depthwise convolutions, short and long, as ``FlopCounterMode`` counts the
+    grouped ``conv1d`` of the PyTorch path: 2 operations per output and tap forward, and as
+    much again for each of the two gradients). The step is taken (one more AdamW update)."""
     ids, labels = batch
-    ssd_calls = []                                            # Mamba-2's compiled SSD: the layers that run it
-    counting = cpu_kernels.ssd_cpu
+    calls = []                                                # the compiled kernels' operations, per call
+    ssd, conv = cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu
 
     def ssd_counted(x, dt, A, B, C):
-        ssd_calls.append(cpu_kernels.ssd_flops(*x.shape, B.shape[-1]))
-        return counting(x, dt, A, B, C)
+        calls.append(cpu_kernels.ssd_flops(*x.shape, B.shape[-1]))
+        return ssd(x, dt, A, B, C)
 
-    cpu_kernels.ssd_cpu = ssd_counted
+    def conv_counted(x, weight, *args, **kwargs):
+        calls.append(3 * 2 * x.numel() * weight.shape[-1])  # forward, input gradient, weight gradient
+        return conv(x, weight, *args, **kwargs)
+
+    cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu = ssd_counted, conv_counted
     try:
         with FlopCounterMode(display=False) as counter:
             time_steps(model, optimizer, [batch])
     finally:
-        cpu_kernels.ssd_cpu = counting
-    by_hand = sum(ssd_calls)
+        cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu = ssd, conv
+    by_hand = sum(calls)
     for module in model.modules():
         if isinstance(module, MambaMixer) and cpu_scan("mamba", module.config.kernels, ids.device) is not None:
             by_hand += cpu_kernels.scan_flops(*ids.shape, module.N, module.E)   # every position, both layers
