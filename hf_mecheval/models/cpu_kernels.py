@@ -46,7 +46,7 @@ from transformers.utils import logging
 
 from .mixers import fold_copies
 from .ops_selective_scan import _row_decays, _state_major
-from .ops_ssm_taps import ConjugatePairTaps
+from .ops_ssm_taps import ChannelwiseTaps, ConjugatePairTaps
 
 logger = logging.get_logger(__name__)
 
@@ -427,7 +427,7 @@ def ssd_cpu(x, dt, A, B, C) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- H3's SSM taps
-class CpuConjugatePairTaps(torch.autograd.Function):
+class CpuConjugatePairTaps(ChannelwiseTaps):
     """taps (C, L) = ``ops_ssm_taps.ConjugatePairTaps.apply(w, a, L)``, 2 Re sum_n w a^l, by the
     compiled kernel: w, a (C, N) complex64 or complex128, on the CPU; use ``conjugate_pair_taps_cpu``.
     The kernel takes each complex tensor as two planar real ones (real parts, imaginary parts)."""
@@ -441,12 +441,6 @@ class CpuConjugatePairTaps(torch.autograd.Function):
         return taps
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        w, a, L = inputs
-        ctx.save_for_backward(w, a)
-        ctx.L = L
-
-    @staticmethod
     def backward(ctx, G):
         w, a = ctx.saved_tensors
         planes = _planes(w) + _planes(a)
@@ -455,13 +449,6 @@ class CpuConjugatePairTaps(torch.autograd.Function):
                                             G=G.to(planes[0].dtype).contiguous(), gw_re=grads[0], gw_im=grads[1],
                                             ga_re=grads[2], ga_im=grads[3]), ctx.L)
         return torch.complex(grads[0], grads[1]), torch.complex(grads[2], grads[3]), None
-
-    @staticmethod
-    def vmap(info, in_dims, w, a, L):
-        # stacked copies: every channel is independent, so fold the copies into the channels
-        K = info.batch_size
-        taps = CpuConjugatePairTaps.apply(*fold_copies(K, (w, a), in_dims[:2]), L)
-        return taps.view(K, -1, L), 0
 
 
 def _planes(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -486,7 +473,7 @@ def conjugate_pair_taps_cpu(w: torch.Tensor, a: torch.Tensor, L: int) -> torch.T
     return CpuConjugatePairTaps.apply(w.to(dtype), a.to(dtype), L)
 
 
-class CpuShiftTaps(torch.autograd.Function):
+class CpuShiftTaps(ChannelwiseTaps):
     """K (C, T) = the first T lags of the cross-correlation of B and C (C, N), K[c, l] =
     sum_m B[c, m] C[c, m + l] (``mixer_h3.ShiftSSM.kernel``'s, there by FFTs), by the compiled
     kernel: float32 or float64, on the CPU; use ``shift_taps_cpu``."""
@@ -499,24 +486,11 @@ class CpuShiftTaps(torch.autograd.Function):
         return K
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        B, C, T = inputs
-        ctx.save_for_backward(B, C)
-        ctx.T = T
-
-    @staticmethod
     def backward(ctx, G):
         B, C = (t.contiguous() for t in ctx.saved_tensors)
         gB, gC = B.new_empty(B.shape), C.new_empty(C.shape)
-        _run_shift("shift_taps_backward", dict(B=B, C=C, G=G.to(B.dtype).contiguous(), gB=gB, gC=gC), ctx.T)
+        _run_shift("shift_taps_backward", dict(B=B, C=C, G=G.to(B.dtype).contiguous(), gB=gB, gC=gC), ctx.L)
         return gB, gC, None
-
-    @staticmethod
-    def vmap(info, in_dims, B, C, T):
-        # stacked copies: every channel is independent, so fold the copies into the channels
-        K = info.batch_size
-        taps = CpuShiftTaps.apply(*fold_copies(K, (B, C), in_dims[:2]), T)
-        return taps.view(K, -1, T), 0
 
 
 def _run_shift(kernel: str, tensors: dict[str, torch.Tensor], T: int) -> None:

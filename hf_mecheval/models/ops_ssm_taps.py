@@ -24,7 +24,25 @@ def _horner(G: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return P, dP
 
 
-class PowerSumTaps(torch.autograd.Function):
+class ChannelwiseTaps(torch.autograd.Function):
+    """What the taps functions f(x, y, L) -> (C, L) share, x and y (C, N) with independent
+    channels: the backward keeps x, y and L, and under vmap (stacked copies) the copies fold into
+    the channels. Subclasses write ``forward`` and ``backward``."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, y, L = inputs
+        ctx.save_for_backward(x, y)
+        ctx.L = L
+
+    @classmethod
+    def vmap(cls, info, in_dims, x, y, L):
+        K = info.batch_size
+        taps = cls.apply(*fold_copies(K, (x, y), in_dims[:2]), L)
+        return taps.view(K, -1, L), 0
+
+
+class PowerSumTaps(ChannelwiseTaps):
     """taps[c, l] = sum_n w[c, n] * a[c, n]^l for l < L: w, a (C, N) -> (C, L).
 
     Forward by repeated multiplication; backward by Horner's rule on the polynomial
@@ -43,25 +61,13 @@ class PowerSumTaps(torch.autograd.Function):
         return taps
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        w, a, L = inputs
-        ctx.save_for_backward(w, a)
-
-    @staticmethod
     def backward(ctx, G: torch.Tensor):
         w, a = ctx.saved_tensors
         P, dP = _horner(G, a)
         return P, w * dP, None
 
-    @staticmethod
-    def vmap(info, in_dims, w, a, L):
-        # stacked copies: every channel is independent, so fold the copies into the channels
-        K = info.batch_size
-        taps = PowerSumTaps.apply(*fold_copies(K, (w, a), in_dims[:2]), L)
-        return taps.view(K, -1, L), 0
 
-
-class ConjugatePairTaps(torch.autograd.Function):
+class ConjugatePairTaps(ChannelwiseTaps):
     """taps[c, l] = 2 Re sum_n w[c, n] * a[c, n]^l for l < L: w, a (C, n) complex -> (C, L) real
     (the kernel of n conjugate pairs of modes, as the reference's ``log_vandermonde``).
 
@@ -83,19 +89,7 @@ class ConjugatePairTaps(torch.autograd.Function):
         return taps.mul_(2)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        w, a, L = inputs
-        ctx.save_for_backward(w, a)
-
-    @staticmethod
     def backward(ctx, G: torch.Tensor):
         w, a = ctx.saved_tensors
         P, dP = _horner(G, a)
         return 2 * P.conj(), 2 * (w * dP).conj(), None
-
-    @staticmethod
-    def vmap(info, in_dims, w, a, L):
-        # stacked copies: every channel is independent, so fold the copies into the channels
-        K = info.batch_size
-        taps = ConjugatePairTaps.apply(*fold_copies(K, (w, a), in_dims[:2]), L)
-        return taps.view(K, -1, L), 0
