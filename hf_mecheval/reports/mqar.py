@@ -158,6 +158,28 @@ def mqar_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def key_position_table(rows: list[dict]) -> str:
+    """Markdown: per task, architecture and width (the chosen rate), the share of test queries
+    answered right by where their key stands (``test_by_key_position``: keys at 0-15, 16-31,
+    32-63, ...), for the runs that recorded it."""
+    chosen = {k: [r for r in v if r.get("test_by_key_position")] for k, v in chosen_runs(mqar_rows(rows)).items()}
+    chosen = {k: v for k, v in chosen.items() if v}
+    if not chosen:
+        return ""
+    buckets = sorted({(b["key_from"], b["key_to"]) for v in chosen.values() for r in v for b in r["test_by_key_position"]})
+    head = ["task", "model", "width", "lr"] + [f"keys {lo}-{hi - 1}" for lo, hi in buckets]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (task, label, width), runs in chosen.items():
+        acc: dict[tuple[int, int], list[float]] = {}
+        for r in runs:
+            for b in r["test_by_key_position"]:
+                acc.setdefault((b["key_from"], b["key_to"]), []).append(b["accuracy"])
+        cells = [task, label, str(width), f"{runs[0].get('learning_rate') or 0:g}"]
+        cells += [f"{100 * _mean(acc[b]):.1f}" if b in acc else "" for b in buckets]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _label(entry: dict) -> str:
     """A mechanism with its restoration @key / @value / @query, as a table cell."""
     if not entry.get("mechanism"):

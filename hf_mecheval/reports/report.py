@@ -38,13 +38,13 @@ from ..runs.files import distance_summary, format_score, last_layer_summary, run
 from ..runs.run_dir import init_scheme_of  # noqa: E402
 from ..experiments import read_experiment  # noqa: E402
 from .html_report import html_page  # noqa: E402
-from .mqar import mqar_figures, mqar_rows, mqar_table, zoology_table  # noqa: E402
+from .mqar import key_position_table, mqar_figures, mqar_rows, mqar_table, zoology_table  # noqa: E402
 from .plots import save_figure  # noqa: E402
 from ..training.sweep import best_learning_rate  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
 COMPONENTS = ("mixer.conv_output", "mixer.state", "mixer_output")
-NESTED = ("layer_scores", "component_scores", "test_by_setting", "by_distance")   # in runs.json, not runs.csv
+NESTED = ("layer_scores", "component_scores", "test_by_setting", "test_by_key_position", "by_distance")   # in runs.json, not runs.csv
 
 
 def _train_seconds(metrics: dict) -> float | None:
@@ -96,7 +96,7 @@ def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict 
         # written by runs since the wall clock and the test head exist (training.callbacks.TrainingClock)
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_head_size", "train_head_accuracy",
                     "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads", "stack_size",
-                    "test_by_setting"):
+                    "test_by_setting", "test_by_key_position"):
             if key in final:
                 row[key] = final[key]
         result = run_dir.interventions()
@@ -293,7 +293,8 @@ def _write_report(collected: list[tuple[dict, dict | None]], out: Path, title: s
     body += [markdown_table(rows), ""]
     tables = []          # further Markdown tables, in both pages
     if mqar_rows(rows):      # accuracy per setting, near and far; Zoology's Figure 2 beside its settings
-        tables = [mqar_table(rows), zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"])]
+        tables = [t for t in (mqar_table(rows), key_position_table(rows),
+                              zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"])) if t]
         body += ["## MQAR", "", *tables, ""]
     body += [f"![{p.stem}]({p.name})" for p in made]
     write_text_atomic(out / "report.md", "\n".join(body) + "\n", overwrite=True)

@@ -25,7 +25,7 @@ from ..inputs import read_json
 from ..metrics.mechanism import relabel
 from ..runs.files import format_score, run_seconds
 from ..experiments import read_experiment
-from .mqar import mqar_table, zoology_table
+from .mqar import key_position_table, mqar_table, zoology_table
 from .paper_grid import GRID_SWEEPS, grid_figures, grid_tables
 from .reference_figures import reference_figures
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
@@ -193,6 +193,7 @@ def mqar_tables(results: dict[str, list[dict]]) -> dict[str, str]:
     tables = {}
     if results.get("cpu_mqar"):
         tables["mqar"] = mqar_table(results["cpu_mqar"])
+        tables["mqar_key_position"] = key_position_table(results["cpu_mqar"])
     if results.get("cpu_mqar_zoology"):
         rows = results["cpu_mqar_zoology"]
         tables["mqar_zoology"] = zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"])

@@ -72,17 +72,46 @@ def compute_answer_metrics(prediction) -> dict[str, float]:
     return {"accuracy": float(right.mean()), "answer_prob": float(prob.mean())}
 
 
-def accuracy_by_setting(trainer, dataset) -> list[dict]:
-    """Accuracy per setting of a mixture of documents (MQAR: each ``seq_len`` and ``num_pairs``,
-    Zoology's slices): ``[{"seq_len", "num_pairs", "documents", "accuracy"}, ...]``, from one
-    prediction pass of ``trainer`` over ``dataset`` (a ``PaddedTaskDataset``, in order)."""
+def multi_query_breakdowns(trainer, dataset) -> dict[str, list[dict]]:
+    """From one prediction pass of ``trainer`` over ``dataset`` (a multi-query
+    ``PaddedTaskDataset``, in order): ``test_by_setting`` (``accuracy_by_setting``) and
+    ``test_by_key_position`` (``accuracy_by_key_position``)."""
     summary = trainer.predict(dataset, metric_key_prefix="by_setting").predictions
+    return {"test_by_setting": accuracy_by_setting(summary, dataset.document_columns),
+            "test_by_key_position": accuracy_by_key_position(summary, dataset.query_key_positions)}
+
+
+def accuracy_by_setting(summary: np.ndarray, columns: dict[str, np.ndarray]) -> list[dict]:
+    """Accuracy per setting of a mixture of documents (MQAR: each ``seq_len`` and ``num_pairs``,
+    Zoology's slices), the mean over its documents of their share of right answers: summary
+    (N, k, 3) as ``query_logits_summary`` gives it; columns: the documents' ``seq_len`` and
+    ``num_pairs`` (N,) -> ``[{"seq_len", "num_pairs", "documents", "accuracy"}, ...]``."""
     right, _ = per_document(summary)
-    seq_len, pairs = dataset.document_columns["seq_len"], dataset.document_columns["num_pairs"]
+    seq_len, pairs = columns["seq_len"], columns["num_pairs"]
     out = []
     for length, n in sorted(set(zip(seq_len.tolist(), pairs.tolist()))):
         rows = (seq_len == length) & (pairs == n)
         out.append({"seq_len": length, "num_pairs": n, "documents": int(rows.sum()),
+                    "accuracy": float(right[rows].mean())})
+    return out
+
+
+def accuracy_by_key_position(summary: np.ndarray, key_pos: np.ndarray) -> list[dict]:
+    """The share of queries answered right, by where the query's key stands in its document: in
+    [0, 16), then [16, 32), [32, 64), ... (a model that never saw a key past some position may not
+    find one there, whatever the setting). summary (N, k, 3) as ``query_logits_summary`` gives it;
+    key_pos (N, k) each query's key position in the same order, -1 where a row has fewer queries
+    -> ``[{"key_from", "key_to", "queries", "accuracy"}, ...]`` (key_to exclusive), the buckets
+    that hold a query."""
+    summary = np.asarray(summary, dtype=np.float64)
+    valid = key_pos >= 0
+    right = (summary[..., 0] == summary[..., 1])[valid]
+    where = key_pos[valid]
+    bucket = np.maximum(0, np.floor(np.log2(np.maximum(where, 1) / 16)).astype(np.int64) + 1)   # 0: [0, 16), 1: [16, 32)
+    out = []
+    for b in sorted(set(bucket.tolist())):
+        rows = bucket == b
+        out.append({"key_from": 0 if b == 0 else 16 << (b - 1), "key_to": 16 << b, "queries": int(rows.sum()),
                     "accuracy": float(right[rows].mean())})
     return out
 

@@ -28,7 +28,7 @@ from ..runs.model_card import write_model_card
 from ..tasks.presets import get_preset
 from .arguments import RunArguments
 from .data import EpochShuffleSampler, PaddedTaskDataset
-from .evaluation import accuracy_by_setting, decoded_example
+from .evaluation import decoded_example, multi_query_breakdowns
 from .progress import RunningLoss
 
 
@@ -182,8 +182,8 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
     # memorized its training documents (high here, low there) from one that learned nothing
     seen = trainer.evaluate(splits["train_head"], metric_key_prefix="train_head")
     final.update(train_head_size=len(splits["train_head"]), train_head_accuracy=seen["train_head_accuracy"])
-    if splits["test"].multi_query:     # a mixture of settings (MQAR): test accuracy in each, as Zoology slices it
-        final["test_by_setting"] = accuracy_by_setting(trainer, splits["test"])
+    if splits["test"].multi_query:     # MQAR: test accuracy per setting (as Zoology slices it) and by key position
+        final.update(multi_query_breakdowns(trainer, splits["test"]))
     failure = run_failure(trainer.model, final)
     if failure:
         final["failed"] = failure

@@ -2,7 +2,8 @@
 table with near and far labels, Zoology's Figure 2 beside ours, and the figures; from rows made
 by hand (the functions are pure functions of `mecheval report`'s rows)."""
 from hf_mecheval.experiments import read_experiment
-from hf_mecheval.reports.mqar import chosen_runs, mqar_figures, mqar_table, setting_accuracy, zoology_table
+from hf_mecheval.reports.mqar import (chosen_runs, key_position_table, mqar_figures, mqar_table, setting_accuracy,
+                                     zoology_table)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -80,3 +81,17 @@ def test_reproduction_tables_come_from_each_mqar_sweep():
     assert "mqar_cpu" not in tables["mqar_zoology_mechanism"]
     assert mqar_tables({"cpu_mqar_zoology": zoology}).keys() == {"mqar_zoology", "mqar_zoology_mechanism"}
     assert mqar_tables({"cpu_ar": cpu}) == {}
+
+
+def test_key_position_table_averages_the_chosen_rates_seeds_and_skips_runs_without_it():
+    def buckets(*accuracies):
+        edges = [(0, 16), (16, 32), (32, 64)]
+        return [{"key_from": lo, "key_to": hi, "queries": 10, "accuracy": a} for (lo, hi), a in zip(edges, accuracies)]
+    rows = [dict(ROWS[0], test_by_key_position=buckets(1.0, 0.5, 0.0)),
+            dict(ROWS[1], test_by_key_position=buckets(0.8, 0.3)),      # a seed whose keys stop before 32
+            dict(ROWS[2], test_by_key_position=buckets(0.0, 0.0, 0.0)),  # the rate not chosen
+            ROWS[3]]                                                     # mamba: recorded nothing
+    lines = key_position_table(rows).splitlines()
+    assert lines[0] == "| task | model | width | lr | keys 0-15 | keys 16-31 | keys 32-63 |"
+    assert lines[2:] == ["| mqar_cpu | transformer | 64 | 0.001 | 90.0 | 40.0 | 0.0 |"]
+    assert key_position_table(ROWS) == ""

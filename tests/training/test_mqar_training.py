@@ -12,7 +12,8 @@ from transformers.trainer_utils import EvalPrediction
 
 import hf_mecheval  # noqa: F401
 from hf_mecheval.tasks import build_task
-from hf_mecheval.training.evaluation import compute_answer_metrics, query_logits_summary
+from hf_mecheval.training.data import PaddedTaskDataset
+from hf_mecheval.training.evaluation import accuracy_by_key_position, compute_answer_metrics, query_logits_summary
 from hf_mecheval.training.run import main, train
 from hf_mecheval.training.spec import RunSpec
 from hf_mecheval.training.stacked import Member, train_stacked
@@ -25,19 +26,21 @@ TINY = ["--task", "mqar_cpu", "--task_config", json.dumps(TASK_CONFIG), "--archi
         "--max_position_embeddings", "32", "--disable_tqdm", "true", "--eval_strategy", "no", "--save_strategy", "no"]
 
 
-def recomputed_accuracy(run_dir: Path, data) -> tuple[float, dict]:
+def recomputed_accuracy(run_dir: Path, data) -> tuple[float, dict, float]:
     """Each test document's share of right answers from the model's full forward (logits at every
-    position, argmax where a label is), then the mean over documents, overall and per setting."""
+    position, argmax where a label is), then the mean over documents, overall and per setting; and
+    the share of all queries answered right."""
     model = AutoModelForCausalLM.from_pretrained(run_dir).eval()
-    shares, settings = [], []
+    shares, settings, queries = [], [], []
     for doc in data:
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([doc["input_ids"]])).logits[0]          # (L, V)
         right = [int(logits[pos - 1].argmax()) == answer for pos, answer in zip(doc["answer_pos"], doc["answer"])]
         shares.append(sum(right) / len(right))
         settings.append((doc["seq_len"], doc["num_pairs"]))
+        queries += right
     by = {s: float(np.mean([a for a, t in zip(shares, settings) if t == s])) for s in set(settings)}
-    return float(np.mean(shares)), by
+    return float(np.mean(shares)), by, float(np.mean(queries))
 
 
 def test_a_tiny_mqar_is_learned_and_scored_per_setting(tmp_path):
@@ -49,7 +52,7 @@ def test_a_tiny_mqar_is_learned_and_scored_per_setting(tmp_path):
     assert main(argv) == 0
     final = json.loads((run / "metrics.json").read_text())["final"]
     test = build_task("mqar_cpu", **TASK_CONFIG).generate(60, "test", seed=0)
-    accuracy, by_setting = recomputed_accuracy(run, test)
+    accuracy, by_setting, per_query = recomputed_accuracy(run, test)
     assert final["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert final["test_accuracy"] >= 0.9                   # every answer position was trained on
     # settings in the order of (seq_len, num_pairs); 60 documents of weights 1, 1, 2: 15, 30, 15
@@ -57,6 +60,10 @@ def test_a_tiny_mqar_is_learned_and_scored_per_setting(tmp_path):
         (8, 2, 15), (12, 2, 30), (12, 3, 15)]
     for s in final["test_by_setting"]:
         assert s["accuracy"] == pytest.approx(by_setting[(s["seq_len"], s["num_pairs"])], abs=1e-6)
+    # every key of these documents stands before position 16: one bucket, every query of the split
+    assert [(b["key_from"], b["key_to"], b["queries"]) for b in final["test_by_key_position"]] == [
+        (0, 16, int(test.query_offsets[-1]))]
+    assert final["test_by_key_position"][0]["accuracy"] == pytest.approx(per_query, abs=1e-6)
 
 
 def test_stacked_mqar_copies_equal_runs_trained_alone(tmp_path):
@@ -107,3 +114,25 @@ def test_one_answer_per_document_keeps_the_arithmetic():
     summary = np.array([[3, 3, 0.5], [4, 5, 0.25], [6, 6, 0.75], [1, 2, 0.0]])
     metrics = compute_answer_metrics(EvalPrediction(predictions=summary, label_ids=None))
     assert metrics == {"accuracy": 0.5, "answer_prob": 0.375}
+
+
+def test_accuracy_by_key_position_by_hand():
+    """Buckets [0, 16), [16, 32), [32, 64): each query's bucket from its key's position, padding
+    (-1) left out, the share right in each."""
+    right, wrong = [7.0, 7.0, 0.9], [3.0, 7.0, 0.1]                    # (prediction, answer, p)
+    pad = [-100.0, -100.0, -100.0]
+    summary = np.array([[right, wrong, right], [wrong, right, pad]])  # (2 documents, 3 queries, 3)
+    key_pos = np.array([[0, 15, 40], [16, 63, -1]])
+    assert accuracy_by_key_position(summary, key_pos) == [
+        {"key_from": 0, "key_to": 16, "queries": 2, "accuracy": 0.5},
+        {"key_from": 16, "key_to": 32, "queries": 1, "accuracy": 0.0},
+        {"key_from": 32, "key_to": 64, "queries": 2, "accuracy": 1.0}]
+
+
+def test_query_key_positions_are_each_documents_keys_in_query_order():
+    data = build_task("mqar_cpu", **TASK_CONFIG).generate(9, "test", seed=2)
+    rows = PaddedTaskDataset(data).query_key_positions
+    assert rows.shape == (9, 3)
+    for i, doc in enumerate(data):
+        n = len(doc["key_pos"])
+        assert rows[i, :n].tolist() == list(doc["key_pos"]) and (rows[i, n:] == -1).all()
