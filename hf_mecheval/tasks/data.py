@@ -46,6 +46,15 @@ def chunk_bounds(offsets: np.ndarray, limit: int) -> list[tuple[int, int]]:
     return bounds or [(0, 0)]
 
 
+def _rows(flat: np.ndarray, offsets: np.ndarray, fill: int) -> np.ndarray:
+    """A flat array cut at ``offsets`` (n + 1,) into n rows, (n, longest) int64, right-padded with ``fill``."""
+    lengths = np.diff(offsets)
+    out = np.full((len(lengths), int(lengths.max(initial=0))), fill, dtype=np.int64)
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    out[row, np.arange(len(flat)) - np.repeat(offsets[:-1], lengths)] = flat
+    return out
+
+
 @dataclasses.dataclass
 class TaskData:
     """``n`` documents.
@@ -145,12 +154,12 @@ class TaskData:
     def padded(self, pad_id: int = PAD, values: np.ndarray | None = None) -> np.ndarray:
         """(n, max_length) int64 matrix of the tokens (or of ``values``, a flat per-token array
         such as :meth:`labels`), right-padded with ``pad_id``."""
-        lengths = self.lengths
-        out = np.full((len(self), int(lengths.max(initial=0))), pad_id, dtype=np.int64)
-        row = np.repeat(np.arange(len(self)), lengths)
-        col = np.arange(len(self.tokens)) - np.repeat(self.offsets[:-1], lengths)
-        out[row, col] = self.tokens if values is None else values
-        return out
+        return _rows(self.tokens if values is None else values, self.offsets, pad_id)
+
+    def query_rows(self, column: str, fill: int = -1) -> np.ndarray:
+        """(n, most queries) int64 matrix of a query column (``key_pos``, ...), each document's
+        queries in the order they occur, right-padded with ``fill``."""
+        return _rows(self.query_columns[column], self.query_offsets, fill)
 
     def head(self, n: int) -> "TaskData":
         """The first ``n`` documents."""

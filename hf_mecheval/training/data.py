@@ -31,7 +31,7 @@ class PaddedTaskDataset(torch.utils.data.Dataset):
         self.labels = torch.from_numpy(data.padded(IGNORE_INDEX, data.labels()))
         self.document_columns = data.columns
         self.multi_query = data.multi_query
-        self.query_key_positions = _per_document_rows(data, "key_pos") if data.multi_query else None
+        self.query_key_positions = data.query_rows("key_pos") if data.multi_query else None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -44,15 +44,6 @@ class PaddedTaskDataset(torch.utils.data.Dataset):
         idx = torch.as_tensor(indices)
         width = int(self.lengths[idx].max())       # trim padding common to the whole batch
         return {"input_ids": self.input_ids[idx, :width], "labels": self.labels[idx, :width]}
-
-
-def _per_document_rows(data: TaskData, column: str) -> np.ndarray:
-    """A query column as (N, k) rows, one per document, k its most queries, -1 past a document's last."""
-    counts = np.diff(data.query_offsets)
-    rows = np.full((len(counts), int(counts.max(initial=0))), -1, dtype=np.int64)
-    document = np.repeat(np.arange(len(counts)), counts)
-    rows[document, np.arange(len(document)) - data.query_offsets[:-1][document]] = data.query_columns[column]
-    return rows
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
