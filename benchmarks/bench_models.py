@@ -104,10 +104,13 @@ def step_flops(model, optimizer, batch) -> tuple[int, int]:
     scans' arithmetic: Mamba's in every layer, Mamba-2's SSD in the layers that call it, counted
     per call; the compiled depthwise convolutions, short and long, as ``FlopCounterMode`` counts the
     grouped ``conv1d`` of the PyTorch path: 2 operations per output and tap forward, and as
-    much again for each of the two gradients). The step is taken (one more AdamW update)."""
+    much again for each of the two gradients; H3's compiled heads as the grouped ``conv1d`` of
+    its long convolution over the P D outer-product channels at the positions they compute, whose
+    outer products and q contraction, elementwise on the PyTorch path, ``FlopCounterMode`` does not
+    count either). The step is taken (one more AdamW update)."""
     ids, labels = batch
     calls = []                                                # the compiled kernels' operations, per call
-    ssd, conv = cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu
+    ssd, conv, heads = cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu, cpu_kernels.h3_kept_heads_cpu
 
     def ssd_counted(x, dt, A, B, C):
         calls.append(cpu_kernels.ssd_flops(*x.shape, B.shape[-1]))
@@ -117,12 +120,17 @@ def step_flops(model, optimizer, batch) -> tuple[int, int]:
         calls.append(3 * 2 * x.numel() * weight.shape[-1])  # forward, input gradient, weight gradient
         return conv(x, weight, *args, **kwargs)
 
-    cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu = ssd_counted, conv_counted
+    def heads_counted(q, k, v, taps, keep, head_dim):
+        rows, length, width = k.shape                         # S positions of L taps, P D channels, as above
+        calls.append(3 * 2 * rows * keep.shape[1] * length * head_dim * width)
+        return heads(q, k, v, taps, keep, head_dim)
+
+    cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu, cpu_kernels.h3_kept_heads_cpu = ssd_counted, conv_counted, heads_counted
     try:
         with FlopCounterMode(display=False) as counter:
             time_steps(model, optimizer, [batch])
     finally:
-        cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu = ssd, conv
+        cpu_kernels.ssd_cpu, cpu_kernels.short_conv_cpu, cpu_kernels.h3_kept_heads_cpu = ssd, conv, heads
     by_hand = sum(calls)
     for module in model.modules():
         if isinstance(module, MambaMixer) and cpu_scan("mamba", module.config.kernels, ids.device) is not None:

@@ -16,11 +16,18 @@ seconds.
 * ``ssd_cpu`` (``ssd_cpu.cpp``): Mamba-2's SSD (a scalar decay per head) as a scan over time,
   what ``ops_ssd.ssd_chunked`` computes (without D), forward and backward, instead of the chunks'
   attention form and its whole-tensor passes over (batch, heads, length, length) tensors;
-* ``conjugate_pair_taps_cpu`` (``ssm_taps_cpu.cpp``): the taps of H3's diagonal SSM,
-  ``ops_ssm_taps.ConjugatePairTaps``, forward and its backward by Horner's rule in one pass per
-  head over its modes, instead of L whole-tensor complex products and sums each way; and
-  ``shift_taps_cpu``, H3's shift-SSM kernel (the cross-correlation of its B and C) lag by lag,
-  instead of FFTs of its whole state.
+* ``bilinear_taps_cpu`` (``ssm_taps_cpu.cpp``): the taps of H3's diagonal SSM from its
+  parameters, its bilinear discretisation (``mixer_h3.DiagonalSSM.discretize``) and the taps of
+  ``ops_ssm_taps.ConjugatePairTaps``, forward and backward (Horner's rule, then the chain rule
+  through the discretisation) in one pass per head over its modes, instead of L whole-tensor
+  complex products and sums each way and a dozen elementwise passes; and ``shift_taps_cpu``,
+  H3's shift-SSM kernel (the cross-correlation of its B and C) lag by lag, instead of FFTs of
+  its whole state;
+* ``h3_kept_heads_cpu`` (``h3_heads_cpu.cpp``): H3's heads (the outer products k v^T, the
+  diagonal SSM's convolution and the q contraction) at the kept positions of the answer-only
+  training path, or at every position of rows up to 128 tokens, forward and backward in one pass
+  over each row, instead of the (batch, length, channels) outer products and the (batch, kept,
+  length, channels) window PyTorch gathers, multiplies and scatters back.
 
 Where no compiler is found the mixers keep their PyTorch paths; a checkpoint's copy of the
 modeling code never imports this module (``kernels.cpu_kernel``).
@@ -46,13 +53,13 @@ from transformers.utils import logging
 
 from .mixers import fold_copies
 from .ops_selective_scan import _row_decays, _state_major
-from .ops_ssm_taps import ChannelwiseTaps, ConjugatePairTaps
+from .ops_ssm_taps import ChannelwiseTaps
 
 logger = logging.get_logger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("selective_scan_cpu.cpp", "short_conv_cpu.cpp",
                                                             "cpu_threads.h", "cpu_vectors.h", "ssd_cpu.cpp",
-                                                            "ssm_taps_cpu.cpp"))
+                                                            "ssm_taps_cpu.cpp", "h3_heads_cpu.cpp"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC", "-std=c++17", "-pthread"]
 
 
@@ -98,7 +105,8 @@ def kernel_library() -> ctypes.CDLL | None:
                        f"PyTorch paths")
         return None
     for kernel in ("scan_forward", "scan_backward", "short_conv_forward", "short_conv_backward", "ssd_forward",
-                   "ssd_backward", "ssm_taps_forward", "ssm_taps_backward", "shift_taps_forward", "shift_taps_backward"):
+                   "ssd_backward", "bilinear_taps_forward", "bilinear_taps_backward", "shift_taps_forward",
+                   "shift_taps_backward", "h3_kept_forward", "h3_kept_backward"):
         for suffix in ("f32", "f64"):
             getattr(lib, f"{kernel}_{suffix}").restype = None
     return lib
@@ -124,6 +132,9 @@ def scan_flops(rows: int, length: int, state: int, channels: int, backward: bool
 
 
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+# Tensors a kernel takes as int64 indices whatever its float dtype (bounds checked by the caller).
+INDEX_TENSORS = ("keep",)
 
 
 def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
@@ -174,9 +185,9 @@ def _call(kernel: str, tensors: dict[str, torch.Tensor | None], shapes: dict[str
     for name, t in tensors.items():
         if t is None:
             continue
-        shape = tuple(shapes[name])
-        if tuple(t.shape) != shape or t.dtype != x.dtype or not t.is_contiguous():
-            raise ValueError(f"{kernel}: {name} must be a contiguous {x.dtype} tensor of shape {shape}, "
+        shape, dtype = tuple(shapes[name]), torch.int64 if name in INDEX_TENSORS else x.dtype
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"{kernel}: {name} must be a contiguous {dtype} tensor of shape {shape}, "
                              f"got {t.dtype} {tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}")
     fn = getattr(kernel_library(), f"{kernel}_{_SUFFIX[x.dtype]}")
     pointers = (ctypes.c_void_p(None) if t is None else _ptr(t) for t in tensors.values())
@@ -427,50 +438,60 @@ def ssd_cpu(x, dt, A, B, C) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- H3's SSM taps
-class CpuConjugatePairTaps(ChannelwiseTaps):
-    """taps (C, L) = ``ops_ssm_taps.ConjugatePairTaps.apply(w, a, L)``, 2 Re sum_n w a^l, by the
-    compiled kernel: w, a (C, N) complex64 or complex128, on the CPU; use ``conjugate_pair_taps_cpu``.
-    The kernel takes each complex tensor as two planar real ones (real parts, imaginary parts)."""
+class CpuBilinearTaps(torch.autograd.Function):
+    """taps (H, L) of H3's diagonal SSM from its parameters (``mixer_h3.DiagonalSSM``): its
+    bilinear discretisation (``DiagonalSSM.discretize``) and the taps 2 Re sum_n C dB dA^l
+    (``ConjugatePairTaps``) in one compiled pass per head, and the backward through both. log_dt
+    (H,); inv_A_real, A_imag (H, N); B, C (H, N, 2) (real, imaginary). Float32 or float64, on
+    the CPU; use ``bilinear_taps_cpu``. Under vmap (stacked copies) the copies fold into the heads."""
 
     @staticmethod
-    def forward(w, a, L):
-        planes = _planes(w) + _planes(a)
-        taps = planes[0].new_empty(w.shape[0], L)
-        _run_taps("ssm_taps_forward", dict(w_re=planes[0], w_im=planes[1], a_re=planes[2], a_im=planes[3],
-                                           taps=taps), L)
+    def forward(log_dt, inv_A_real, A_imag, B, C, L):
+        params = [t.contiguous() for t in (log_dt, inv_A_real, A_imag, B, C)]
+        taps = log_dt.new_empty(log_dt.shape[0], L)
+        _run_bilinear("bilinear_taps_forward", dict(zip(_BILINEAR, params), taps=taps), L)
         return taps
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:5])
+        ctx.L = inputs[5]
+
+    @staticmethod
     def backward(ctx, G):
-        w, a = ctx.saved_tensors
-        planes = _planes(w) + _planes(a)
-        grads = [torch.empty_like(planes[0]) for _ in range(4)]
-        _run_taps("ssm_taps_backward", dict(w_re=planes[0], w_im=planes[1], a_re=planes[2], a_im=planes[3],
-                                            G=G.to(planes[0].dtype).contiguous(), gw_re=grads[0], gw_im=grads[1],
-                                            ga_re=grads[2], ga_im=grads[3]), ctx.L)
-        return torch.complex(grads[0], grads[1]), torch.complex(grads[2], grads[3]), None
+        params = [t.contiguous() for t in ctx.saved_tensors]
+        grads = [torch.empty_like(t) for t in params]
+        _run_bilinear("bilinear_taps_backward", dict(zip(_BILINEAR, params), G=G.to(params[0].dtype).contiguous(),
+                                                     **dict(zip((f"g_{n}" for n in _BILINEAR), grads))), ctx.L)
+        return (*grads, None)
+
+    @staticmethod
+    def vmap(info, in_dims, log_dt, inv_A_real, A_imag, B, C, L):
+        K = info.batch_size
+        taps = CpuBilinearTaps.apply(*fold_copies(K, (log_dt, inv_A_real, A_imag, B, C), in_dims[:5]), L)
+        return taps.view(K, -1, L), 0
 
 
-def _planes(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """z (C, N) complex -> its real and imaginary parts, each (C, N) contiguous."""
-    return z.real.contiguous(), z.imag.contiguous()
+_BILINEAR = ("log_dt", "inv_A_real", "A_imag", "B", "C")
 
 
-def _run_taps(kernel: str, tensors: dict[str, torch.Tensor], L: int) -> None:
-    """Call the taps ``kernel`` with ``tensors`` (``_call``) and (C, N, L, threads)."""
-    C, N = tensors["w_re"].shape
-    shapes = {name: (C, L) if name in ("taps", "G") else (C, N) for name in tensors}
-    _call(kernel, tensors, shapes, (C, N, L, _threads_for(8 * C * N * L)))
+def _run_bilinear(kernel: str, tensors: dict[str, torch.Tensor], L: int) -> None:
+    """Call the bilinear taps ``kernel`` with ``tensors`` (``_call``) and (H, N, L, threads)."""
+    H, N = tensors["inv_A_real"].shape
+    per_head, per_mode, per_complex = (H,), (H, N), (H, N, 2)
+    shapes = dict(log_dt=per_head, g_log_dt=per_head, inv_A_real=per_mode, g_inv_A_real=per_mode, A_imag=per_mode,
+                  g_A_imag=per_mode, B=per_complex, g_B=per_complex, C=per_complex, g_C=per_complex,
+                  taps=(H, L), G=(H, L))
+    _call(kernel, tensors, shapes, (H, N, L, _threads_for(8 * H * N * L)))
 
 
-def conjugate_pair_taps_cpu(w: torch.Tensor, a: torch.Tensor, L: int) -> torch.Tensor:
-    """``ops_ssm_taps.ConjugatePairTaps.apply(w, a, L)`` by the compiled kernel (where
-    ``available()``): w, a (C, N) complex -> taps (C, L) real, in w's precision. No taps (L = 0)
-    take the PyTorch form."""
+def bilinear_taps_cpu(log_dt, inv_A_real, A_imag, B, C, L: int) -> torch.Tensor:
+    """H3's diagonal-SSM taps (H, L) from its parameters by the compiled kernel (where
+    ``available()``): ``ConjugatePairTaps.apply(C dB, dA, L)`` of ``DiagonalSSM.discretize``'s dA,
+    dB, C, in the parameters' dtype (at least float32)."""
     if L < 1:
-        return ConjugatePairTaps.apply(w, a, L)
-    dtype = torch.promote_types(w.dtype, a.dtype)
-    return CpuConjugatePairTaps.apply(w.to(dtype), a.to(dtype), L)
+        raise ValueError(f"bilinear_taps_cpu: the taps L must be at least 1, got {L}")
+    return CpuBilinearTaps.apply(*_one_dtype([log_dt, inv_A_real, A_imag, B, C]), L)
 
 
 class CpuShiftTaps(ChannelwiseTaps):
@@ -509,3 +530,78 @@ def shift_taps_cpu(B: torch.Tensor, C: torch.Tensor, T: int) -> torch.Tensor:
         raise ValueError(f"shift_taps_cpu: the lags T must be between 1 and the state size {N}, got {T}")
     dtype = torch.promote_types(torch.promote_types(B.dtype, C.dtype), torch.float32)
     return CpuShiftTaps.apply(B.to(dtype), C.to(dtype), T)
+
+
+# --------------------------------------------------------------------------- H3's heads at kept positions
+class CpuH3KeptHeads(torch.autograd.Function):
+    """H3's heads at the kept positions (``mixer_h3.H3Reference``, the answer-only path), by the
+    compiled kernel: o[b, s, j H + h] = sum_i q[b, p, h P + i] sum_{l <= p} taps[l, h]
+    k[b, p - l, h P + i] v[b, p - l, h P + j], p = keep[b, s]. q, k, v (B, L, D = H P) as the
+    projections give them; taps (L, H), or (B, L, H) one per row (the vmap rule folds stacked copies
+    into rows); keep (B, S) int64 in [0, L); o (B, S, D). Float32 or float64, on the CPU; ``apply``
+    takes the head_dim P after them (use ``h3_kept_heads_cpu``)."""
+
+    @staticmethod
+    def forward(q, k, v, taps, keep, P):
+        L = k.shape[1]
+        if keep.numel() and not (0 <= int(keep.min()) and int(keep.max()) < L):   # the kernel reads k, v there
+            raise ValueError(f"h3_kept_heads_cpu: kept positions must lie in [0, {L}), "
+                             f"got {int(keep.min())} .. {int(keep.max())}")
+        q, k, v, taps, keep = (t.contiguous() for t in (q, k, v, taps, keep))
+        o = q.new_empty(q.shape[0], keep.shape[1], q.shape[2])
+        _run_heads("h3_kept_forward", dict(q=q, k=k, v=v, taps=taps, keep=keep, o=o), P)
+        return o
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:5])
+        ctx.P = inputs[5]
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v, taps, keep = (t.contiguous() for t in ctx.saved_tensors)
+        gq, gk, gv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+        gtaps = k.new_empty(k.shape[0], *taps.shape[-2:])                       # (B, L, H): one share per row
+        _run_heads("h3_kept_backward", dict(q=q, k=k, v=v, taps=taps, keep=keep, go=go.contiguous(), gq=gq, gk=gk,
+                                            gv=gv, gtaps=gtaps), ctx.P)
+        return gq, gk, gv, gtaps if taps.dim() == 3 else gtaps.sum(0), None, None
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, taps, keep, P):
+        K = info.batch_size
+        q, k, v, keep = fold_copies(K, (q, k, v, keep), (in_dims[0], in_dims[1], in_dims[2], in_dims[4]))
+        b = q.shape[0] // K                                                     # rows per copy
+        if in_dims[3] is not None:                                              # taps per copy -> per row
+            taps = taps.movedim(in_dims[3], 0)
+            taps = taps.repeat_interleave(b, dim=0) if taps.dim() == 3 else taps.reshape(-1, *taps.shape[2:])
+        o = CpuH3KeptHeads.apply(q, k, v, taps, keep, P)
+        return o.view(K, b, *o.shape[1:]), 0
+
+
+def _run_heads(kernel: str, tensors: dict[str, torch.Tensor], P: int) -> None:
+    """Call the kept-heads ``kernel`` with ``tensors`` (``_call``) and (B, L, S, P, H, taps per
+    row, threads): q, k (B, L, D), keep (B, S) and the taps among them."""
+    k, taps, keep = tensors["k"], tensors["taps"], tensors["keep"]
+    rows, L, D = k.shape
+    S, H = keep.shape[1], D // P
+    if P < 1 or D % P or taps.shape[-1] != H:
+        raise ValueError(f"{kernel}: head_dim {P} must divide the width {D}, and the taps have one column per "
+                         f"head ({D // max(P, 1)}), got {taps.shape[-1]}")
+    per_row = taps.dim() == 3
+    per_position, per_slot = (rows, L, D), (rows, S, D)
+    shapes = dict(q=per_position, k=per_position, v=per_position, gq=per_position, gk=per_position,
+                  gv=per_position, o=per_slot, go=per_slot, taps=(rows, L, H) if per_row else (L, H),
+                  gtaps=(rows, L, H), keep=(rows, S))
+    _call(kernel, tensors, shapes, (rows, L, S, P, H, int(per_row), _threads_for(3 * rows * S * L * P * D)))
+
+
+def h3_kept_heads_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, taps: torch.Tensor, keep: torch.Tensor,
+                      head_dim: int) -> torch.Tensor:
+    """H3's heads at the kept positions by the compiled kernel (where ``available()``; the math
+    is ``CpuH3KeptHeads``'s): q, k, v (B, L, D), model channel h P + i (P = ``head_dim``); taps (L,
+    H) with the skip at lag 0; keep (B, S) positions -> o (B, S, D), output channel j H + h. Inputs
+    in a lower precision are computed in float32; o comes back in q's dtype. A position outside
+    [0, L) is refused."""
+    dtype = q.dtype
+    q, k, v, taps = _one_dtype([q, k, v, taps])
+    return CpuH3KeptHeads.apply(q, k, v, taps, keep.to(torch.int64), head_dim).to(dtype)

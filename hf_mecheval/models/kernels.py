@@ -68,17 +68,24 @@ def cpu_ssd(mode: str, device: torch.device):
     return cpu_kernel("ssd_cpu", "Mamba-2's SSD", mode, device)
 
 
-def cpu_ssm_taps(mode: str, device: torch.device):
-    """The compiled CPU taps of a diagonal SSM of conjugate pairs (``cpu_kernels.conjugate_pair_taps_cpu``:
-    ``ops_ssm_taps.ConjugatePairTaps.apply``'s arguments and result) where they should run under
-    ``mode``, else None."""
-    return cpu_kernel("conjugate_pair_taps_cpu", "H3's SSM taps", mode, device)
+def cpu_bilinear_taps(mode: str, device: torch.device):
+    """The compiled CPU taps of H3's diagonal SSM from its parameters, its bilinear discretisation
+    taken in the same pass (``cpu_kernels.bilinear_taps_cpu``), where they should run under ``mode``,
+    else None."""
+    return cpu_kernel("bilinear_taps_cpu", "H3's SSM taps", mode, device)
 
 
 def cpu_shift_taps(mode: str, device: torch.device):
     """The compiled CPU kernel of H3's shift SSM (``cpu_kernels.shift_taps_cpu``: the first T lags of
     the cross-correlation of its B and C) where it should run under ``mode``, else None."""
     return cpu_kernel("shift_taps_cpu", "H3's shift-SSM kernel", mode, device)
+
+
+def cpu_h3_kept_heads(mode: str, device: torch.device):
+    """The compiled CPU kernel of H3's heads at the kept positions (``cpu_kernels.h3_kept_heads_cpu``:
+    outer products, the diagonal SSM's convolution and the q contraction in one pass) where it
+    should run under ``mode``, else None."""
+    return cpu_kernel("h3_kept_heads_cpu", "H3's heads at the kept positions", mode, device)
 
 
 def cpu_kernel(name: str, what: str, mode: str, device: torch.device):

@@ -107,7 +107,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .convolutions import ShortConv
-from .kernels import cpu_shift_taps, cpu_ssm_taps
+from .kernels import cpu_bilinear_taps, cpu_h3_kept_heads, cpu_shift_taps
 from .ops_long_conv import causal_conv
 from .ops_ssm_taps import ConjugatePairTaps, PowerSumTaps
 from .recurrent_cache import RecurrentStateLayer, WindowAndRecurrentState
@@ -301,15 +301,22 @@ class DiagonalSSM(nn.Module):
         return dA, dB, C
 
     def kernel(self, L: int) -> torch.Tensor:
-        """K[h, l] = 2 Re sum_n C dB dA^l, (H, L) in the parameters' dtype, the powers by repeated
-        multiplication (``ConjugatePairTaps``; on a CPU under ``kernels`` "auto" the compiled kernel
-        that computes the same in one pass per head, ``cpu_kernels.conjugate_pair_taps_cpu``).
-        Measured on one CPU thread at H 32, N/2 512: forward + backward ~8 ms at L 37 and ~90 ms
-        at L 1024, peak ~2.4 MiB; the Vandermonde matrix of complex exponentials
-        (``kernel_vandermonde``) took ~70 ms at L 37 and peaked at ~510 MiB at L 1024."""
+        """K[h, l] = 2 Re sum_n C dB dA^l, (H, L) in the parameters' dtype: ``discretize``, then the
+        powers by repeated multiplication (``ConjugatePairTaps``). Measured on one CPU thread at
+        H 32, N/2 512: forward + backward ~8 ms at L 37 and ~90 ms at L 1024, peak ~2.4 MiB; the
+        Vandermonde matrix of complex exponentials (``kernel_vandermonde``) took ~70 ms at L 37 and
+        peaked at ~510 MiB at L 1024. On a CPU under ``kernels`` "auto", both steps and their
+        backward in one compiled pass per head (``cpu_kernels.bilinear_taps_cpu``): at H 128, N/2
+        512, L 37, one thread, nothing else running, ~1.4 ms forward and backward, where the
+        discretisation's elementwise passes alone took ~2.8 ms and the taps after them, compiled
+        on their own, ~1 more."""
+        compiled = cpu_bilinear_taps(self.kernels, self.log_dt.device) if L >= 1 else None
+        if compiled is not None:
+            real = _compute_dtype(self.log_dt)
+            params = (self.log_dt, self.inv_A_real, self.A_imag, self.B, self.C)
+            return compiled(*(p.to(real) for p in params), L).to(self.log_dt.dtype)
         dA, dB, C = self.discretize()
-        taps = cpu_ssm_taps(self.kernels, dA.device) or ConjugatePairTaps.apply
-        return taps(C * dB, dA, L).to(self.log_dt.dtype)
+        return ConjugatePairTaps.apply(C * dB, dA, L).to(self.log_dt.dtype)
 
     def kernel_vandermonde(self, L: int) -> torch.Tensor:
         """The same kernel as the reference writes it (its ``log_vandermonde``): the powers as the
@@ -324,14 +331,23 @@ class DiagonalSSM(nn.Module):
 # --- the mixer --------------------------------------------------------------------------------
 
 
-# The kept-positions path gathers a (B, k, L, C) window of u: cheaper than the whole convolution
-# for one or two answers per row (AR, ATR), dearer at four and more (MQAR's 4-64 queries per
-# document; three, not measured apart, takes the whole convolution too).
+# PyTorch's kept-positions path (the reference form's compiled one, ``H3Reference._compiled_heads_at``,
+# takes any number of kept positions) gathers a (B, k, L, C) window of u: cheaper than the whole
+# convolution for one or two answers per row (AR, ATR), dearer at four and more (MQAR's 4-64
+# queries per document; three, not measured apart, takes the whole convolution too).
 # Forward and backward of one layer, one CPU thread, batch 32, ms, kept path vs whole convolution
 # then the kept positions: width 64 at L 128 (d_state 256), k = 1: 31 vs 71, 2: 29 vs 65, 4: 57 vs
 # 45, 16: 239 vs 91; at L 37 (d_state 1 024), k = 16: 62 vs 14; width 128 at L 128, k = 16: 469
 # vs 144. Both give the same values to float rounding.
 KEPT_POSITIONS_PATH_MAX = 2
+
+# The longest rows whose every position the compiled heads (``H3Reference._compiled_heads_at``)
+# compute when no positions are kept, position by position (length^2 / 2 lags per channel), where
+# PyTorch's path convolves whole rows. Forward and backward of one layer, one CPU thread, nothing
+# else running, batch 32, median ms compiled vs PyTorch: width 256 at length 37 (d_state 1 024),
+# 32 vs 38; width 64 (d_state 256) at 128, 31 vs 41; at 192, 57 vs 61; at 256, 88 vs 87 (the FFTs
+# catching up).
+COMPILED_WHOLE_ROWS_MAX = 128
 
 
 class H3(WindowAndRecurrentState, nn.Module):
@@ -345,6 +361,8 @@ class H3(WindowAndRecurrentState, nn.Module):
         ssm_kernel(L) (C, L), _skip() (C,)      the diagonal SSM per outer-product channel, as a
                                                 convolution kernel and skip
         _ssm_via_states(u), _ssm_step(u_t, h)   the diagonal SSM through its state (``state``)
+        _compiled_heads_at(q, k, v, positions)  the heads' output at those positions in one compiled
+                                                pass, or None (then the pieces above run)
     """
 
     def __init__(self, config, layer_idx: int):
@@ -372,6 +390,11 @@ class H3(WindowAndRecurrentState, nn.Module):
         L = x.shape[1]
         q, k, v = self.q_proj(x), zero_padding(self.k_proj(x), mask), self.v_proj(x)   # (B, L, D)
         k = self.conv_output(self._shift(k))                                   # (B, L, D)
+        if not self.state.wanted() and (keep is not None or L <= COMPILED_WHOLE_ROWS_MAX):
+            positions = keep if keep is not None else torch.arange(L, device=x.device).expand(x.shape[0], L)
+            compiled = self._compiled_heads_at(q, k, v, positions)             # what the paths below compute
+            if compiled is not None:
+                return self.out_proj(compiled)
         u = self._outer(k, v)                                                  # (B, L, C)
         if self.state.wanted():
             s = self._ssm_via_states(u)
@@ -389,6 +412,11 @@ class H3(WindowAndRecurrentState, nn.Module):
             if keep is not None:                                               # many answers per row (MQAR)
                 s, q = at_positions(s, keep), at_positions(q, keep)            # (B, k, C), (B, k, D)
         return self.out_proj(self._contract(q, s))
+
+    def _compiled_heads_at(self, q, k, v, keep) -> torch.Tensor | None:
+        """The heads' output at the kept positions, (B, k, D), by a compiled kernel where the form
+        has one and it runs (see H3Reference), else None."""
+        return None
 
     def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):
         """x_t: (B, D). state = (shift SSM state, diagonal SSM state) or None (each form's own:
@@ -454,6 +482,22 @@ class H3Reference(H3):
         for i in range(1, P):
             o = o + q[..., i, None, :] * s[..., i, :, :]
         return o.flatten(-2)
+
+    def _compiled_heads_at(self, q, k, v, keep) -> torch.Tensor | None:
+        """On a CPU under ``kernels`` "auto": what ``forward`` computes from q, k, v at the kept
+        positions (outer products, the diagonal SSM's convolution with its skip, the q contraction)
+        in one compiled pass over each row (``cpu_kernels.h3_kept_heads_cpu``), q, k, v (B, L, D) ->
+        (B, k, D); else None. For any number of kept positions: one layer's forward and backward,
+        one CPU thread beside two trainings, batch 32, median ms in PyTorch -> compiled: width 256,
+        length 37, one answer per row (AR), 51 -> 29 (the compiled steps themselves ~2 ms); width 64,
+        length 128, 16 answers (MQAR, where PyTorch convolves whole rows), 51 -> 28; width 64,
+        length 512, 64 answers, 261 -> 152."""
+        compiled = cpu_h3_kept_heads(self.kernels, q.device)
+        if compiled is None:
+            return None
+        L = q.shape[1]
+        taps = self.kernel.kernel(L) + F.pad(self.D[:, None], (0, L - 1))      # (H, L): the skip D_h at lag 0
+        return compiled(q, k, v, taps.T, keep, self.head_dim)                  # output channel j H + h
 
     def forward_with_state(self, x: torch.Tensor, mask: torch.Tensor | None = None):
         """forward(x, mask) and the state ``step`` continues from: (the shift SSM's state (B, D, N),

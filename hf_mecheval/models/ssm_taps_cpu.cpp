@@ -1,21 +1,31 @@
 // The convolution kernels of H3's two SSMs (its reference form) on a CPU, forward and backward.
 //
-// 1. The diagonal SSM of conjugate pairs of complex modes: the taps and their backward in one
-// pass over each channel's modes, instead of PyTorch's L complex products, sums and in-place adds
-// of whole (C, N) tensors. The math is ops_ssm_taps.py's ConjugatePairTaps (readable reference:
-// DiagonalSSM.kernel_vandermonde):
+// 1. The diagonal SSM (mixer_h3.DiagonalSSM), its taps from its parameters in one pass per head:
+// the bilinear discretisation (DiagonalSSM.discretize), then the taps of the conjugate pairs of
+// complex modes (ops_ssm_taps.py's ConjugatePairTaps; readable reference:
+// DiagonalSSM.kernel_vandermonde), instead of a dozen whole-tensor passes over (H, N) for the
+// first and L complex products, sums and in-place adds of whole (H, N) tensors for the second,
+// each as many again in the backward. Per head h and mode n, dt = exp(log_dt[h]):
 //
-//     taps[c, l] = 2 Re sum_n w[c, n] a[c, n]^l                                l < L
-//     P(a) = sum_l G[c, l] a^l,  P'(a) = sum_l l G[c, l] a^(l-1)               (Horner's rule)
-//     gw[c, n] = 2 conj(P(a)),   ga[c, n] = 2 conj(w P'(a))                    (G = dLoss/dtaps)
+//     x = -dt exp(inv_A_real) / 2,   y = dt A_imag / 2                (dt A / 2 = x + i y)
+//     u = 1 - x,   scale = 1 / (u^2 + y^2),   gain = dt scale
+//     a = ((1 - x^2 - y^2) scale, 2 y scale)                          (dA)
+//     dB = gain (B_re u - B_im y, B_re y + B_im u),   w = C dB        (complex product)
+//     taps[h, l] = 2 Re sum_n w[n] a[n]^l                             l < L
 //
-// (PyTorch's convention: the gradient of a real loss with respect to z = x + iy is dL/dx + i dL/dy,
-// and the taps are holomorphic in w and a up to the real part.)
+// The backward: P(a) = sum_l G[h, l] a^l and P'(a) = sum_l l G[h, l] a^(l-1) by Horner's rule
+// (G = dLoss/dtaps) give gw = 2 conj(P(a)) and ga = 2 conj(w P'(a)) (PyTorch's convention: the
+// gradient of a real loss with respect to z = x + iy is dL/dx + i dL/dy, and the taps are
+// holomorphic in w and a up to the real part), which the chain rule carries back through the
+// lines above to log_dt, inv_A_real, A_imag, B and C (written out in bilinear_backward_heads;
+// tested by gradcheck and against autograd through DiagonalSSM.discretize). In float,
+// exp(inv_A_real) is decay()'s, inv_A_real clamped to [-80, 80] (|Re A| between 2e-35 and 6e34;
+// it starts at log 1/2).
 //
-// Layout (row-major, contiguous), complex numbers planar: w_re, w_im, a_re, a_im, gw_re, gw_im,
-// ga_re, ga_im (C, N); taps, G (C, L). The modes are innermost, so each step runs over W lanes of
-// modes at once; a channel's sums over its modes are taken on W lanes and added across them at
-// the end of each tap.
+// Layout as the module keeps its parameters: log_dt, g_log_dt (H,); inv_A_real, A_imag and their
+// gradients (H, N); B, C, gB, gC (H, N, 2), real and imaginary parts interleaved; taps, G (H, L).
+// The modes are innermost, so each step runs over W lanes of modes at once; a head's sums over
+// its modes are taken on W lanes and added across them at the end of each tap.
 //
 // 2. The shift SSM: its kernel is the cross-correlation of its B and C (mixer_h3.ShiftSSM.kernel,
 // which takes it by FFTs, its readable reference), T lags of it directly:
@@ -27,11 +37,12 @@
 // update, of two contiguous stretches of a channel's N numbers: T N multiply-adds each way, where
 // the FFTs of size >= N + T - 1 took longer at T = 37, N = 1 024 than these at every T up to 128.
 //
-// A channel is computed by one thread alone.
+// A head, or a channel, is computed by one thread alone.
 //
 // Built with the other kernels into one library by cpu_kernels.py and called through ctypes;
 // tested against the PyTorch form and the Vandermonde form in tests/models/test_h3_reference.py.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -54,57 +65,142 @@ inline void write(T* dst, Vec<T> v, int64_t w) {
     if (w == W) store<T, true>(dst, v, w); else store<T, false>(dst, v, w);
 }
 
+// --- 1. the diagonal SSM
+
+// One head's taps from its modes' w and a (N each, planar): p_re, p_im are the thread's buffers of N.
 template <typename T>
-void forward_channels(const T* w_re, const T* w_im, const T* a_re, const T* a_im, T* taps, int64_t c0,
-                      int64_t c1, int64_t N, int64_t L) {
-    FlushSubnormals flush;                                       // powers of |a| < 1 decay towards 0
-    std::vector<T> p_re(N), p_im(N);                              // w a^l, one channel's modes
-    for (int64_t c = c0; c < c1; ++c) {
-        const int64_t row = c * N;
-        std::copy(w_re + row, w_re + row + N, p_re.begin());
-        std::copy(w_im + row, w_im + row + N, p_im.begin());
-        for (int64_t l = 0; l < L; ++l) {
-            Vec<T> sum = splat(T(0));
-            const bool last = l + 1 == L;
-            for (int64_t n = 0; n < N; n += W) {
-                const int64_t w = std::min(W, N - n);
-                const Vec<T> pr = read(p_re.data() + n, w), pi = read(p_im.data() + n, w);
-                sum += pr;
-                if (!last) {                                     // p <- p a
-                    const Vec<T> ar = read(a_re + row + n, w), ai = read(a_im + row + n, w);
-                    write(p_re.data() + n, pr * ar - pi * ai, w);
-                    write(p_im.data() + n, pr * ai + pi * ar, w);
-                }
+void taps_of_head(const T* w_re, const T* w_im, const T* a_re, const T* a_im, T* taps_h, int64_t N, int64_t L,
+                  T* p_re, T* p_im) {
+    std::copy(w_re, w_re + N, p_re);                              // w a^l, the head's modes
+    std::copy(w_im, w_im + N, p_im);
+    for (int64_t l = 0; l < L; ++l) {
+        Vec<T> sum = splat(T(0));
+        const bool last = l + 1 == L;
+        for (int64_t n = 0; n < N; n += W) {
+            const int64_t w = std::min(W, N - n);
+            const Vec<T> pr = read(p_re + n, w), pi = read(p_im + n, w);
+            sum += pr;
+            if (!last) {                                         // p <- p a
+                const Vec<T> ar = read(a_re + n, w), ai = read(a_im + n, w);
+                write(p_re + n, pr * ar - pi * ai, w);
+                write(p_im + n, pr * ai + pi * ar, w);
             }
-            taps[c * L + l] = 2 * lane_sum<T>(sum);
         }
+        taps_h[l] = 2 * lane_sum<T>(sum);
+    }
+}
+
+// Horner from the highest power, on a block of modes a: P = sum_l G_l a^l and P' = dP/da
+// (P <- P a + G_l, P' <- P' a + P before P's update).
+template <typename T>
+inline void horner(Vec<T> ar, Vec<T> ai, const T* G_h, int64_t L, Vec<T>& pr, Vec<T>& pi, Vec<T>& dr, Vec<T>& di) {
+    pr = splat(G_h[L - 1]), pi = splat(T(0)), dr = splat(T(0)), di = splat(T(0));
+    for (int64_t l = L - 2; l >= 0; --l) {
+        const Vec<T> dr_next = dr * ar - di * ai + pr, di_next = dr * ai + di * ar + pi;
+        const Vec<T> pr_next = pr * ar - pi * ai + G_h[l], pi_next = pr * ai + pi * ar;
+        dr = dr_next, di = di_next, pr = pr_next, pi = pi_next;
+    }
+}
+
+// A block of modes of one head, discretised.
+template <typename T>
+struct Discretised {
+    Vec<T> x, y, u, scale, gain, b_re, b_im, c_re, c_im, a_re, a_im, db_re, db_im, w_re, w_im;
+};
+
+// Lanes of the real and of the imaginary parts of w complex numbers stored interleaved.
+template <typename T>
+inline void read_complex(const T* src, int64_t w, Vec<T>& re, Vec<T>& im) {
+    T r[W] = {}, i[W] = {};
+    for (int64_t j = 0; j < w; ++j) r[j] = src[2 * j], i[j] = src[2 * j + 1];
+    re = load<T, true>(r, W), im = load<T, true>(i, W);
+}
+
+template <typename T>
+inline void write_complex(T* dst, Vec<T> re, Vec<T> im, int64_t w) {
+    for (int64_t j = 0; j < w; ++j) dst[2 * j] = re[j], dst[2 * j + 1] = im[j];
+}
+
+template <typename T>
+inline Discretised<T> discretise(T dt, const T* inv_A_real, const T* A_imag, const T* B, const T* C, int64_t w) {
+    Discretised<T> m;
+    m.x = T(-0.5) * dt * decay(read(inv_A_real, w));
+    m.y = T(0.5) * dt * read(A_imag, w);
+    m.u = 1 - m.x;
+    m.scale = 1 / (m.u * m.u + m.y * m.y);
+    m.gain = dt * m.scale;
+    m.a_re = (1 - m.x * m.x - m.y * m.y) * m.scale;
+    m.a_im = 2 * m.y * m.scale;
+    read_complex(B, w, m.b_re, m.b_im);
+    read_complex(C, w, m.c_re, m.c_im);
+    m.db_re = m.gain * (m.b_re * m.u - m.b_im * m.y);
+    m.db_im = m.gain * (m.b_re * m.y + m.b_im * m.u);
+    m.w_re = m.c_re * m.db_re - m.c_im * m.db_im;
+    m.w_im = m.c_re * m.db_im + m.c_im * m.db_re;
+    return m;
+}
+
+template <typename T>
+void bilinear_forward_heads(const T* log_dt, const T* inv_A_real, const T* A_imag, const T* B, const T* C, T* taps,
+                            int64_t h0, int64_t h1, int64_t N, int64_t L) {
+    FlushSubnormals flush;
+    std::vector<T> a_re(N), a_im(N), w_re(N), w_im(N), p_re(N), p_im(N);
+    for (int64_t h = h0; h < h1; ++h) {
+        const T dt = std::exp(log_dt[h]);
+        for (int64_t n = 0; n < N; n += W) {
+            const int64_t w = std::min(W, N - n), at = h * N + n;
+            const Discretised<T> m = discretise(dt, inv_A_real + at, A_imag + at, B + 2 * at, C + 2 * at, w);
+            write(a_re.data() + n, m.a_re, w), write(a_im.data() + n, m.a_im, w);
+            write(w_re.data() + n, m.w_re, w), write(w_im.data() + n, m.w_im, w);
+        }
+        taps_of_head(w_re.data(), w_im.data(), a_re.data(), a_im.data(), taps + h * L, N, L, p_re.data(), p_im.data());
     }
 }
 
 template <typename T>
-void backward_channels(const T* w_re, const T* w_im, const T* a_re, const T* a_im, const T* G, T* gw_re,
-                       T* gw_im, T* ga_re, T* ga_im, int64_t c0, int64_t c1, int64_t N, int64_t L) {
+void bilinear_backward_heads(const T* log_dt, const T* inv_A_real, const T* A_imag, const T* B, const T* C,
+                             const T* G, T* g_log_dt, T* g_inv_A_real, T* g_A_imag, T* gB, T* gC, int64_t h0,
+                             int64_t h1, int64_t N, int64_t L) {
     FlushSubnormals flush;
-    for (int64_t c = c0; c < c1; ++c) {
-        const T* G_c = G + c * L;
+    for (int64_t h = h0; h < h1; ++h) {
+        const T dt = std::exp(log_dt[h]);
+        Vec<T> log_dt_sum = splat(T(0));
         for (int64_t n = 0; n < N; n += W) {
-            const int64_t w = std::min(W, N - n), at = c * N + n;
-            const Vec<T> ar = read(a_re + at, w), ai = read(a_im + at, w);
-            // Horner from the highest power: P <- P a + G_l, P' <- P' a + P (before P's update)
-            Vec<T> pr = splat(G_c[L - 1]), pi = splat(T(0)), dr = splat(T(0)), di = splat(T(0));
-            for (int64_t l = L - 2; l >= 0; --l) {
-                const Vec<T> dr_next = dr * ar - di * ai + pr, di_next = dr * ai + di * ar + pi;
-                const Vec<T> pr_next = pr * ar - pi * ai + G_c[l], pi_next = pr * ai + pi * ar;
-                dr = dr_next, di = di_next, pr = pr_next, pi = pi_next;
-            }
-            const Vec<T> wr = read(w_re + at, w), wi = read(w_im + at, w);
-            write(gw_re + at, 2 * pr, w);                        // 2 conj(P)
-            write(gw_im + at, -2 * pi, w);
-            write(ga_re + at, 2 * (wr * dr - wi * di), w);       // 2 conj(w P')
-            write(ga_im + at, -2 * (wr * di + wi * dr), w);
+            const int64_t w = std::min(W, N - n), at = h * N + n;
+            const Discretised<T> m = discretise(dt, inv_A_real + at, A_imag + at, B + 2 * at, C + 2 * at, w);
+            Vec<T> pr, pi, dr, di;
+            horner(m.a_re, m.a_im, G + h * L, L, pr, pi, dr, di);
+            // the taps' gradients (real partials) with respect to w = 2 conj(P) and a = 2 conj(w P')
+            const Vec<T> gw_re = 2 * pr, gw_im = -2 * pi;
+            const Vec<T> ga_re = 2 * (m.w_re * dr - m.w_im * di), ga_im = -2 * (m.w_re * di + m.w_im * dr);
+            // w = C dB
+            const Vec<T> gc_re = gw_re * m.db_re + gw_im * m.db_im, gc_im = gw_im * m.db_re - gw_re * m.db_im;
+            const Vec<T> gdb_re = gw_re * m.c_re + gw_im * m.c_im, gdb_im = gw_im * m.c_re - gw_re * m.c_im;
+            // dB = gain (B_re u - B_im y, B_re y + B_im u)
+            const Vec<T> gb_re = m.gain * (gdb_re * m.u + gdb_im * m.y), gb_im = m.gain * (gdb_im * m.u - gdb_re * m.y);
+            const Vec<T> g_gain = gdb_re * (m.b_re * m.u - m.b_im * m.y) + gdb_im * (m.b_re * m.y + m.b_im * m.u);
+            Vec<T> g_x = -m.gain * (gdb_re * m.b_re + gdb_im * m.b_im);                    // through u = 1 - x
+            Vec<T> g_y = m.gain * (gdb_im * m.b_re - gdb_re * m.b_im);
+            // a = ((1 - x^2 - y^2) scale, 2 y scale), gain = dt scale
+            const Vec<T> g_scale = ga_re * (1 - m.x * m.x - m.y * m.y) + ga_im * 2 * m.y + g_gain * dt;
+            g_x += -2 * m.x * m.scale * ga_re;
+            g_y += (2 * ga_im - 2 * m.y * ga_re) * m.scale;
+            // scale = 1 / (u^2 + y^2): d/dx = 2 u scale^2, d/dy = -2 y scale^2
+            const Vec<T> scale2 = m.scale * m.scale;
+            g_x += 2 * m.u * scale2 * g_scale;
+            g_y += -2 * m.y * scale2 * g_scale;
+            // x = -dt exp(inv_A_real) / 2, y = dt A_imag / 2, dt = exp(log_dt): d/d log_dt of x, y, gain are x, y, gain
+            write(g_inv_A_real + at, g_x * m.x, w);
+            write(g_A_imag + at, g_y * (T(0.5) * dt), w);
+            write_complex(gB + 2 * at, gb_re, gb_im, w);
+            write_complex(gC + 2 * at, gc_re, gc_im, w);
+            log_dt_sum += g_x * m.x + g_y * m.y + g_gain * m.gain;
         }
+        g_log_dt[h] = lane_sum<T>(log_dt_sum);
     }
 }
+
+// --- 2. the shift SSM
 
 // sum_m x[m] y[m] over n numbers, on W lanes added across at the end.
 template <typename T>
@@ -177,20 +273,23 @@ void shift_backward_channels(const T* B, const T* Cm, const T* G, T* gB, T* gC, 
 
 }  // namespace
 
-// The calling convention (cpu_kernels.py): pointers, then channels C, modes N, taps L, threads;
-// for the shift SSM, channels C, state N, lags T, threads.
+// The calling convention (cpu_kernels.py): pointers, then heads H, modes N, taps L, threads; for
+// the shift SSM, channels C, state N, lags T, threads.
 #define TAPS_ENTRY_POINTS(T, suffix)                                                                      \
-    void ssm_taps_forward_##suffix(const T* w_re, const T* w_im, const T* a_re, const T* a_im, T* taps,  \
-                                   int64_t C, int64_t N, int64_t L, int64_t threads) {                   \
-        cpu_threads::split_rows(C, threads, [=](int64_t c0, int64_t c1) {                                 \
-            forward_channels(w_re, w_im, a_re, a_im, taps, c0, c1, N, L);                                \
+    void bilinear_taps_forward_##suffix(const T* log_dt, const T* inv_A_real, const T* A_imag, const T* B,   \
+                                        const T* Cm, T* taps, int64_t H, int64_t N, int64_t L,            \
+                                        int64_t threads) {                                                \
+        cpu_threads::split_rows(H, threads, [=](int64_t h0, int64_t h1) {                                 \
+            bilinear_forward_heads(log_dt, inv_A_real, A_imag, B, Cm, taps, h0, h1, N, L);               \
         });                                                                                               \
     }                                                                                                     \
-    void ssm_taps_backward_##suffix(const T* w_re, const T* w_im, const T* a_re, const T* a_im,          \
-                                    const T* G, T* gw_re, T* gw_im, T* ga_re, T* ga_im, int64_t C,        \
-                                    int64_t N, int64_t L, int64_t threads) {                              \
-        cpu_threads::split_rows(C, threads, [=](int64_t c0, int64_t c1) {                                 \
-            backward_channels(w_re, w_im, a_re, a_im, G, gw_re, gw_im, ga_re, ga_im, c0, c1, N, L);     \
+    void bilinear_taps_backward_##suffix(const T* log_dt, const T* inv_A_real, const T* A_imag, const T* B,  \
+                                         const T* Cm, const T* G, T* g_log_dt, T* g_inv_A_real,           \
+                                         T* g_A_imag, T* gB, T* gC, int64_t H, int64_t N, int64_t L,      \
+                                         int64_t threads) {                                               \
+        cpu_threads::split_rows(H, threads, [=](int64_t h0, int64_t h1) {                                 \
+            bilinear_backward_heads(log_dt, inv_A_real, A_imag, B, Cm, G, g_log_dt, g_inv_A_real, g_A_imag, \
+                                    gB, gC, h0, h1, N, L);                                                \
         });                                                                                               \
     }                                                                                                     \
     void shift_taps_forward_##suffix(const T* B, const T* Cm, T* K, int64_t C, int64_t N, int64_t T_lags,  \

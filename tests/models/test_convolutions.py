@@ -186,11 +186,14 @@ def test_a_training_step_with_long_convolutions_is_the_same_on_both_kernel_paths
     on the compiled convolution (kernels="auto") and on the grouped conv1d ("torch"): the loss
     and every parameter's gradient to 1e-12 / 1e-10 in float64 and 1e-6 / 1e-5 in float32 (of the
     loss and of each gradient's largest entry). A spy checks that the long convolution (23 taps,
-    not a short one's few) did run compiled."""
+    not a short one's few) did run compiled, and for H3's reference form that its heads ran
+    compiled too, at every position in layer 0 and at the answer in layer 1."""
     from recurrent_mixers import assert_training_step_equal_across_kernels
-    taps = []
-    real = cpu_kernels.short_conv_cpu
+    taps, kept_heads = [], []
+    real, real_heads = cpu_kernels.short_conv_cpu, cpu_kernels.h3_kept_heads_cpu
     monkeypatch.setattr(cpu_kernels, "short_conv_cpu", lambda x, w, *a, **kw: taps.append(w.shape[-1]) or real(x, w, *a, **kw))
+    monkeypatch.setattr(cpu_kernels, "h3_kept_heads_cpu", lambda *a: kept_heads.append(a[4].shape) or real_heads(*a))
     tolerance = (1e-12, 1e-10) if dtype == torch.float64 else (1e-6, 1e-5)
     assert_training_step_equal_across_kernels(architecture, dtype, *tolerance, **fields)
     assert 23 in taps
+    assert kept_heads == ([(4, 23), (4, 1)] if architecture == "h3" and "ssm_form" not in fields else [])

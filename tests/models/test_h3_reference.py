@@ -425,12 +425,6 @@ def test_mixer_forms_sets_the_ssm_form():
 
 
 # ------------------------------------------------------------------ the kernel's taps
-def _compiled_taps():
-    """The compiled taps (``cpu_kernels.conjugate_pair_taps_cpu``), or None where the kernels are not built."""
-    from hf_mecheval.models import cpu_kernels
-    return cpu_kernels.conjugate_pair_taps_cpu if cpu_kernels.available() else None
-
-
 def _modes(C, N, seed, dtype=torch.complex128):
     """w (C, N) complex normal; a (C, N) inside the unit disc, radii 0.2-0.95, angles 0-3."""
     g = torch.Generator().manual_seed(seed)
@@ -441,39 +435,87 @@ def _modes(C, N, seed, dtype=torch.complex128):
     return w.requires_grad_(), torch.polar(radius, angle).requires_grad_()
 
 
-@pytest.mark.parametrize("form", ["torch", "compiled"])
-def test_conjugate_pair_taps_against_the_closed_form_and_gradcheck(form):
+def test_conjugate_pair_taps_against_the_closed_form_and_gradcheck():
     from hf_mecheval.models.ops_ssm_taps import ConjugatePairTaps
 
-    taps = ConjugatePairTaps.apply if form == "torch" else _compiled_taps()
-    if taps is None:
-        pytest.skip("no C++ compiler: the kernels are not built")
     for L in (1, 2, 9):
-        w, a = _modes(3, 4 if form == "torch" else 21, seed=L)     # 21 modes: a whole block of 16 and a part
-        assert torch.autograd.gradcheck(lambda w, a: taps(w, a, L), (w, a))
+        w, a = _modes(3, 4, seed=L)
+        assert torch.autograd.gradcheck(lambda w, a: ConjugatePairTaps.apply(w, a, L), (w, a))
         closed = 2 * (w[..., None] * a[..., None] ** torch.arange(L, dtype=f64)).sum(1).real
-        torch.testing.assert_close(taps(w, a, L), closed, rtol=0, atol=1e-12)
+        torch.testing.assert_close(ConjugatePairTaps.apply(w, a, L), closed, rtol=0, atol=1e-12)
 
 
-def test_compiled_taps_equal_the_pytorch_form_in_float32_at_h3s_width_256():
-    """The compiled kernel against ``ConjugatePairTaps`` at H3's width-256 sizes (128 heads, 512
-    modes, 37 taps) in complex64: taps and both gradients within 1e-5 of their largest entry (the
-    sums over 512 modes are taken in another order), and under vmap (stacked copies)."""
+def _diagonal_ssm(H, N, seed, dtype=f64):
+    """A DiagonalSSM with every parameter moved off its initial value (dt in [1e-2, 2.7e-2])."""
+    from hf_mecheval.models.mixer_h3 import DiagonalSSM
+
+    torch.manual_seed(seed)
+    ssm = DiagonalSSM(H, N).to(dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in ssm.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=dtype))
+        ssm.log_dt.copy_(math.log(1e-2) + torch.rand(H, generator=g, dtype=dtype))
+    return ssm
+
+
+def _bilinear_taps_by_pytorch(ssm, L):
     from hf_mecheval.models.ops_ssm_taps import ConjugatePairTaps
 
-    taps = _compiled_taps()
-    if taps is None:
+    dA, dB, C = ssm.discretize()
+    return ConjugatePairTaps.apply(C * dB, dA, L)
+
+
+def test_the_compiled_bilinear_taps_pass_gradcheck_and_equal_discretisation_then_taps():
+    """``bilinear_taps_cpu`` (the discretisation and the taps in one compiled pass, and the chain rule
+    back through both) in float64: gradcheck in all five parameters, and values and gradients
+    against autograd through ``DiagonalSSM.discretize`` and ``ConjugatePairTaps`` to 1e-13 of
+    their largest entry, at 1, 2 and 9 taps, 21 modes (a whole block of 16 lanes and a part)."""
+    from hf_mecheval.models import cpu_kernels
+
+    if not cpu_kernels.available():
         pytest.skip("no C++ compiler: the kernels are not built")
-    w, a = _modes(128, 512, seed=5, dtype=torch.complex64)
-    G = torch.randn(128, 37, generator=torch.Generator().manual_seed(6))
-    want, got = ConjugatePairTaps.apply(w, a, 37), taps(w, a, 37)
-    assert got.dtype == torch.float32
-    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
-    for g_want, g_got in zip(torch.autograd.grad(want, (w, a), G), torch.autograd.grad(got, (w, a), G)):
-        assert (g_got - g_want).abs().max() <= 1e-5 * g_want.abs().max()
-    stacked_w, stacked_a = _modes(6, 20, seed=7)                # (copies 2 x 3 channels, 20 modes)
-    stacked = torch.func.vmap(lambda w, a: taps(w, a, 5))(stacked_w.view(2, 3, 20), stacked_a.view(2, 3, 20))
-    torch.testing.assert_close(stacked.flatten(0, 1), ConjugatePairTaps.apply(stacked_w, stacked_a, 5))
+    ssm = _diagonal_ssm(3, 10, seed=0)
+    params = list(ssm.parameters())
+    assert [n for n, _ in ssm.named_parameters()] == ["log_dt", "inv_A_real", "A_imag", "B", "C"]
+    assert torch.autograd.gradcheck(lambda *p: cpu_kernels.bilinear_taps_cpu(*p, 5), tuple(params))
+    ssm = _diagonal_ssm(4, 42, seed=1)
+    params = list(ssm.parameters())
+    for L in (1, 2, 9):
+        want, got = _bilinear_taps_by_pytorch(ssm, L), cpu_kernels.bilinear_taps_cpu(*params, L)
+        G = torch.randn(want.shape, generator=torch.Generator().manual_seed(L), dtype=f64)
+        assert (got - want).abs().max() <= 1e-13 * want.abs().max()
+        for g_got, g_want in zip(torch.autograd.grad((got * G).sum(), params), torch.autograd.grad((want * G).sum(), params)):
+            assert (g_got - g_want).abs().max() <= 1e-13 * g_want.abs().max()
+
+
+def test_compiled_bilinear_taps_equal_pytorchs_in_float32_at_h3s_width_256_and_under_vmap(monkeypatch):
+    """At H3's width-256 sizes (128 heads, 512 modes, 37 taps) in float32: ``DiagonalSSM.kernel``
+    under kernels "auto" (a spy checks the compiled kernel ran) against the PyTorch path, taps and
+    every parameter's gradient within 1e-5 of their largest entry (sums over 512 modes in another
+    order); and the kernel under vmap (stacked copies) equal to it copy by copy."""
+    from hf_mecheval.models import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler: the kernels are not built")
+    calls = []
+    real = cpu_kernels.bilinear_taps_cpu
+    monkeypatch.setattr(cpu_kernels, "bilinear_taps_cpu", lambda *a: calls.append(a[-1]) or real(*a))
+    ssm = _diagonal_ssm(128, 1024, seed=2, dtype=torch.float32)
+    G = torch.randn(128, 37, generator=torch.Generator().manual_seed(3))
+    paths = {}
+    for kernels in ("torch", "auto"):
+        ssm.kernels = kernels
+        K = ssm.kernel(37)
+        paths[kernels] = (K, *torch.autograd.grad((K * G).sum(), list(ssm.parameters())))
+    assert calls == [37]
+    for got, want in zip(paths["auto"], paths["torch"]):
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    copies = [_diagonal_ssm(3, 20, seed=s) for s in (4, 5)]
+    stacked_params = [torch.stack(p) for p in zip(*(c.parameters() for c in copies))]
+    stacked = torch.func.vmap(lambda *p: real(*p, 6))(*stacked_params)
+    for c, copy in enumerate(copies):
+        torch.testing.assert_close(stacked[c], _bilinear_taps_by_pytorch(copy, 6), rtol=0, atol=1e-13)
 
 
 @pytest.mark.parametrize("L", [1, 7, 37, 100])
@@ -485,3 +527,129 @@ def test_the_kernel_by_repeated_products_equals_the_vandermonde_form(L):
     params = [kernel.log_dt, kernel.inv_A_real, kernel.A_imag, kernel.B, kernel.C]
     for g_fast, g_slow in zip(*(torch.autograd.grad((k * weights).sum(), params) for k in (fast, slow))):
         torch.testing.assert_close(g_fast, g_slow, rtol=1e-9, atol=1e-10)
+
+
+# ------------------------------------------------------------------ the heads at the kept positions, compiled
+def _kept_heads_pair(D, N, P, dtype=f64, seed=0):
+    """The same perturbed reference-form mixer twice: on the PyTorch path and under kernels "auto"."""
+    torch_path = reference_mixer(D=D, N=N, P=P, seed=seed).to(dtype)
+    compiled = reference_mixer(D=D, N=N, P=P, seed=seed).to(dtype)
+    torch_path.kernels = torch_path.kernel.kernels = torch_path.ssm_k_kernel.kernels = "torch"
+    compiled.kernels = compiled.kernel.kernels = compiled.ssm_k_kernel.kernels = "auto"
+    return torch_path, compiled
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+@pytest.mark.parametrize("S", [1, 2, 5])
+def test_the_compiled_heads_at_kept_positions_are_the_pytorch_paths(P, S, monkeypatch):
+    """The reference form's answer-only path under kernels "auto" (outer products, the diagonal SSM's
+    convolution and skip, the q contraction at the kept positions, in one compiled pass) against
+    PyTorch's (the gathered window for S <= 2, whole rows convolved then read for 5), float64: output
+    and the gradients of x and of every parameter to 1e-12 of their largest entry. 19 heads (a whole
+    block of 16 lanes and a part); kept positions at 0, at L - 1, and twice the same one in a row.
+    A spy checks that the compiled kernel ran."""
+    from hf_mecheval.models import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler: the kernels are not built")
+    calls = []
+    real = cpu_kernels.h3_kept_heads_cpu
+    monkeypatch.setattr(cpu_kernels, "h3_kept_heads_cpu", lambda *a: calls.append(a[4].shape) or real(*a))
+    B, L = 4, 11
+    torch_path, compiled = _kept_heads_pair(D=19 * P, N=8, P=P)
+    g = torch.Generator().manual_seed(3)
+    keep = torch.randint(0, L, (B, S), generator=g)
+    keep[0, 0], keep[1, -1], keep[2, :] = 0, L - 1, 4
+    x, go = inputs(B, L, 19 * P), torch.randn(B, S, 19 * P, generator=g, dtype=f64)
+    results = []
+    for m in (torch_path, compiled):
+        x_m = x.clone().requires_grad_()
+        y = m(x_m, keep=keep)
+        results.append([y, *torch.autograd.grad((y * go).sum(), [x_m, *m.parameters()])])
+    assert calls == [(B, S)]
+    for want, got in zip(*results):
+        assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+
+
+def test_the_compiled_kept_heads_pass_gradcheck_with_taps_shared_and_per_row():
+    """``CpuH3KeptHeads`` by gradcheck in float64 (q, k, v, taps), with the taps shared by the rows
+    (L, H) and one set per row (B, L, H), 17 heads of 2 (a whole block of 16 lanes and a part)."""
+    from hf_mecheval.models import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler: the kernels are not built")
+    g = torch.Generator().manual_seed(0)
+    B, L, P, H = 2, 5, 2, 17
+    q, k, v = (torch.randn(B, L, P * H, generator=g, dtype=f64, requires_grad=True) for _ in range(3))
+    keep = torch.tensor([[4, 0], [2, 2]])
+    for taps_shape in ((L, H), (B, L, H)):
+        taps = torch.randn(*taps_shape, generator=g, dtype=f64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda q, k, v, t: cpu_kernels.h3_kept_heads_cpu(q, k, v, t, keep, P),
+                                        (q, k, v, taps))
+
+
+def test_the_compiled_kept_heads_by_hand_under_vmap_and_refusing_positions_outside_the_rows():
+    """One output of ``h3_kept_heads_cpu`` summed by hand from the definition; the kernel under vmap
+    (stacked copies, taps per copy) equal to it copy by copy, with its gradients; a kept position
+    outside [0, L) refused before the kernel reads there."""
+    from hf_mecheval.models import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler: the kernels are not built")
+    g = torch.Generator().manual_seed(1)
+    B, L, P, H = 3, 6, 2, 3
+    q, k, v = (torch.randn(B, L, P * H, generator=g, dtype=f64) for _ in range(3))
+    taps = torch.randn(L, H, generator=g, dtype=f64)
+    keep = torch.tensor([[5], [3], [0]])
+    o = cpu_kernels.h3_kept_heads_cpu(q, k, v, taps, keep, P)                  # (B, 1, P H)
+    b, p, j, h = 1, 3, 1, 2
+    by_hand = sum(q[b, p, h * P + i] * taps[l, h] * k[b, p - l, h * P + i] * v[b, p - l, h * P + j]
+                  for i in range(P) for l in range(p + 1))
+    torch.testing.assert_close(o[b, 0, j * H + h], by_hand, rtol=1e-13, atol=0)
+
+    copies = [t.expand(2, *t.shape).clone().requires_grad_() for t in (q, k, v)]
+    per_copy_taps = torch.randn(2, L, H, generator=g, dtype=f64, requires_grad=True)
+    stacked = torch.func.vmap(lambda q, k, v, t: cpu_kernels.h3_kept_heads_cpu(q, k, v, t, keep, P))(
+        *copies, per_copy_taps)
+    weights = torch.randn(stacked.shape, generator=g, dtype=f64)
+    stacked_grads = torch.autograd.grad((stacked * weights).sum(), [*copies, per_copy_taps])
+    for c in range(2):
+        alone = [t[c].detach().requires_grad_() for t in (*copies, per_copy_taps)]
+        out = cpu_kernels.h3_kept_heads_cpu(*alone[:3], alone[3], keep, P)
+        torch.testing.assert_close(stacked[c], out)
+        for got, want in zip(stacked_grads, torch.autograd.grad((out * weights[c]).sum(), alone)):
+            torch.testing.assert_close(got[c], want)
+
+    for bad in (torch.tensor([[6], [0], [0]]), torch.tensor([[-1], [0], [0]])):
+        with pytest.raises(ValueError, match=r"kept positions must lie in \[0, 6\)"):
+            cpu_kernels.h3_kept_heads_cpu(q, k, v, taps, bad, P)
+
+
+def test_the_compiled_heads_take_whole_rows_up_to_their_longest_and_leave_longer_ones_to_pytorch(monkeypatch):
+    """Without kept positions (the full forward): rows up to COMPILED_WHOLE_ROWS_MAX tokens run the
+    compiled heads at every position, equal to PyTorch's whole-row convolution (float64, output and
+    gradients of x and every parameter to 1e-12 of their largest entry); longer rows, and a forward
+    that reads the state site, take PyTorch's path (a spy counts the compiled calls)."""
+    from hf_mecheval.models import cpu_kernels
+    from hf_mecheval.models.mixer_h3 import COMPILED_WHOLE_ROWS_MAX
+
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler: the kernels are not built")
+    calls = []
+    real = cpu_kernels.h3_kept_heads_cpu
+    monkeypatch.setattr(cpu_kernels, "h3_kept_heads_cpu", lambda *a: calls.append(a[4].shape) or real(*a))
+    torch_path, compiled = _kept_heads_pair(D=6, N=8, P=2)
+    x = inputs(3, 11, 6)
+    results = []
+    for m in (torch_path, compiled):
+        x_m = x.clone().requires_grad_()
+        y = m(x_m)
+        results.append([y, *torch.autograd.grad((y * x).sum(), [x_m, *m.parameters()])])
+    assert calls == [(3, 11)]
+    for want, got in zip(*results):
+        assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+    compiled(inputs(1, COMPILED_WHOLE_ROWS_MAX + 1, 6))
+    hook = compiled.state.register_forward_hook(lambda module, args, out: out)
+    compiled(x)
+    hook.remove()
+    assert calls == [(3, 11)]

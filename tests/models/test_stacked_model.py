@@ -89,3 +89,34 @@ def test_bad_input_is_refused():
     no_label[0] = -100
     with pytest.raises(MechEvalError, match="an answer's label"):
         answer_positions(no_label)
+
+
+@pytest.mark.parametrize("data", ["ar", "mqar"])
+def test_h3_stacked_on_its_compiled_kernels_equals_each_model_alone(data, monkeypatch):
+    """H3 (reference form) as stacked sweeps train it, kernels "auto": the compiled CPU kernels run
+    under vmap (a spy checks the heads at the answers did) and every copy's loss and gradients are
+    its own, on one answer per row and on MQAR's several, a batch per copy."""
+    from hf_mecheval.models import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler: the kernels are not built")
+    calls = []
+    real = cpu_kernels.h3_kept_heads_cpu
+    monkeypatch.setattr(cpu_kernels, "h3_kept_heads_cpu", lambda *a: calls.append(a[4].shape) or real(*a))
+    task, dataset = (TASK, DATA) if data == "ar" else (MQAR, MQAR_DATA)
+    models = []
+    for k in range(3):
+        torch.manual_seed(k)
+        models.append(build_model("h3", vocab_size=task.vocab_size, hidden_size=16, num_hidden_layers=2,
+                                  kernels="auto", d_state=8))
+    stacked = StackedCausalLM(models)
+    batch = {k: v.view(3, 8, -1) for k, v in dataset.__getitems__(list(range(24))).items()}
+    out = stacked(**batch)
+    out.loss.backward()
+    assert calls
+    for k, model in enumerate(models):
+        ref = model(**{key: v[k] for key, v in batch.items()})
+        ref.loss.backward()
+        assert out.losses[k].item() == pytest.approx(ref.loss.item(), abs=1e-5)
+        for name, p in stacked.named_stacked_parameters():
+            assert torch.allclose(p.grad[k], dict(model.named_parameters())[name].grad, atol=1e-6), name
