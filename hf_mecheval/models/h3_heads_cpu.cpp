@@ -64,7 +64,9 @@ struct Heads {
     int64_t D() const { return P * H; }
     int64_t Hp() const { return (H + W - 1) / W * W; }         // heads padded to whole vectors
     const T* taps_of(int64_t b) const { return taps + (taps_per_row ? b * L * H : 0); }
-    int64_t last_kept(int64_t b) const { return *std::max_element(keep + b * S, keep + (b + 1) * S); }
+    int64_t last_kept(int64_t b) const {                       // -1 where a row keeps no position
+        return S ? *std::max_element(keep + b * S, keep + (b + 1) * S) : -1;
+    }
 };
 
 // One row's k and v as (positions, P, Hp), its taps as (L, Hp), and q at one kept position as

@@ -591,7 +591,7 @@ def test_the_compiled_kept_heads_pass_gradcheck_with_taps_shared_and_per_row():
 def test_the_compiled_kept_heads_by_hand_under_vmap_and_refusing_positions_outside_the_rows():
     """One output of ``h3_kept_heads_cpu`` summed by hand from the definition; the kernel under vmap
     (stacked copies, taps per copy) equal to it copy by copy, with its gradients; a kept position
-    outside [0, L) refused before the kernel reads there."""
+    outside [0, L) refused before the kernel reads there; no kept position, an empty output."""
     from hf_mecheval.models import cpu_kernels
 
     if not cpu_kernels.available():
@@ -623,6 +623,12 @@ def test_the_compiled_kept_heads_by_hand_under_vmap_and_refusing_positions_outsi
     for bad in (torch.tensor([[6], [0], [0]]), torch.tensor([[-1], [0], [0]])):
         with pytest.raises(ValueError, match=r"kept positions must lie in \[0, 6\)"):
             cpu_kernels.h3_kept_heads_cpu(q, k, v, taps, bad, P)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, taps)]       # no kept position: nothing read
+    none_kept = cpu_kernels.h3_kept_heads_cpu(*leaves, torch.zeros(B, 0, dtype=torch.long), P)
+    assert none_kept.shape == (B, 0, P * H)
+    none_kept.sum().backward()
+    assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in leaves)
 
 
 def test_the_compiled_heads_take_whole_rows_up_to_their_longest_and_leave_longer_ones_to_pytorch(monkeypatch):
