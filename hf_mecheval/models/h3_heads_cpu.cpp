@@ -1,6 +1,7 @@
-// H3's heads at the kept positions (its reference form, on the answer-only training path), forward
-// and backward, in one pass: the outer products k v^T, the diagonal SSM's long convolution and
-// the q contraction, evaluated at the few positions whose output is kept. The math is
+// H3's heads (its reference form) at the kept positions, forward and backward, in one pass: the
+// outer products k v^T, the diagonal SSM's long convolution and the q contraction, evaluated at
+// the positions whose output is kept (the answers on the answer-only training path; every
+// position of a short row, mixer_h3.COMPILED_WHOLE_ROWS_MAX, otherwise). The math is
 // mixer_h3.H3Reference's (its readable reference: H3.forward's kept-positions path, _outer and
 // _contract), per row b, kept position p = keep[b, s], head h, key index i and value index j:
 //
@@ -17,8 +18,8 @@
 //
 // PyTorch's form builds the (B, L, P P H) outer products at every position, gathers a (B, k, L,
 // P P H) window of them behind each kept position and multiplies, sums and scatters it back in
-// the backward: a dozen whole-tensor passes per layer, where these loops touch each number of k
-// and v once per kept position.
+// the backward (or, for whole rows, convolves the outer products): a dozen whole-tensor passes per
+// layer, where these loops touch each number of k and v once per kept position.
 //
 // Layout (row-major, contiguous): q, k, v, gq, gk, gv (B, L, D) as the projections give them,
 // model channel h P + i; o, go (B, S, P H), output channel j H + h (the reference's order, which
