@@ -361,8 +361,8 @@ class H3(WindowAndRecurrentState, nn.Module):
         ssm_kernel(L) (C, L), _skip() (C,)      the diagonal SSM per outer-product channel, as a
                                                 convolution kernel and skip
         _ssm_via_states(u), _ssm_step(u_t, h)   the diagonal SSM through its state (``state``)
-        _compiled_heads_at(q, k, v, positions)  the heads' output at those positions in one compiled
-                                                pass, or None (then the pieces above run)
+        _compiled_heads_at(q, k, v, keep)       the heads' output (at ``keep``, or everywhere) in one
+                                                compiled pass, or None (then the pieces above run)
     """
 
     def __init__(self, config, layer_idx: int):
@@ -390,9 +390,8 @@ class H3(WindowAndRecurrentState, nn.Module):
         L = x.shape[1]
         q, k, v = self.q_proj(x), zero_padding(self.k_proj(x), mask), self.v_proj(x)   # (B, L, D)
         k = self.conv_output(self._shift(k))                                   # (B, L, D)
-        if not self.state.wanted() and (keep is not None or L <= COMPILED_WHOLE_ROWS_MAX):
-            positions = keep if keep is not None else torch.arange(L, device=x.device).expand(x.shape[0], L)
-            compiled = self._compiled_heads_at(q, k, v, positions)             # what the paths below compute
+        if not self.state.wanted():
+            compiled = self._compiled_heads_at(q, k, v, keep)                  # what the paths below compute
             if compiled is not None:
                 return self.out_proj(compiled)
         u = self._outer(k, v)                                                  # (B, L, C)
@@ -414,8 +413,8 @@ class H3(WindowAndRecurrentState, nn.Module):
         return self.out_proj(self._contract(q, s))
 
     def _compiled_heads_at(self, q, k, v, keep) -> torch.Tensor | None:
-        """The heads' output at the kept positions, (B, k, D), by a compiled kernel where the form
-        has one and it runs (see H3Reference), else None."""
+        """The heads' output at the kept positions, (B, k, D), or at every position (keep None),
+        by a compiled kernel where the form has one and it runs (see H3Reference), else None."""
         return None
 
     def step(self, x_t: torch.Tensor, state=None, mask: torch.Tensor | None = None):
@@ -487,15 +486,18 @@ class H3Reference(H3):
         """On a CPU under ``kernels`` "auto": what ``forward`` computes from q, k, v at the kept
         positions (outer products, the diagonal SSM's convolution with its skip, the q contraction)
         in one compiled pass over each row (``cpu_kernels.h3_kept_heads_cpu``), q, k, v (B, L, D) ->
-        (B, k, D); else None. For any number of kept positions: one layer's forward and backward,
+        (B, k, D), or without ``keep`` every position of rows up to COMPILED_WHOLE_ROWS_MAX tokens,
+        (B, L, D); else None. For any number of kept positions: one layer's forward and backward,
         one CPU thread beside two trainings, batch 32, median ms in PyTorch -> compiled: width 256,
         length 37, one answer per row (AR), 51 -> 29 (the compiled steps themselves ~2 ms); width 64,
         length 128, 16 answers (MQAR, where PyTorch convolves whole rows), 51 -> 28; width 64,
         length 512, 64 answers, 261 -> 152."""
+        B, L = q.shape[:2]
         compiled = cpu_h3_kept_heads(self.kernels, q.device)
-        if compiled is None:
+        if compiled is None or (keep is None and L > COMPILED_WHOLE_ROWS_MAX):
             return None
-        L = q.shape[1]
+        if keep is None:
+            keep = torch.arange(L, device=q.device).expand(B, L)
         taps = self.kernel.kernel(L) + F.pad(self.D[:, None], (0, L - 1))      # (H, L): the skip D_h at lag 0
         return compiled(q, k, v, taps.T, keep, self.head_dim)                  # output channel j H + h
 

@@ -67,12 +67,10 @@ inline void write(T* dst, Vec<T> v, int64_t w) {
 
 // --- 1. the diagonal SSM
 
-// One head's taps from its modes' w and a (N each, planar): p_re, p_im are the thread's buffers of N.
+// One head's taps from its modes' w and a (N each, planar): p_re, p_im hold w on entry, and are
+// overwritten with w a^l, tap by tap.
 template <typename T>
-void taps_of_head(const T* w_re, const T* w_im, const T* a_re, const T* a_im, T* taps_h, int64_t N, int64_t L,
-                  T* p_re, T* p_im) {
-    std::copy(w_re, w_re + N, p_re);                              // w a^l, the head's modes
-    std::copy(w_im, w_im + N, p_im);
+void taps_of_head(T* p_re, T* p_im, const T* a_re, const T* a_im, T* taps_h, int64_t N, int64_t L) {
     for (int64_t l = 0; l < L; ++l) {
         Vec<T> sum = splat(T(0));
         const bool last = l + 1 == L;
@@ -144,16 +142,16 @@ template <typename T>
 void bilinear_forward_heads(const T* log_dt, const T* inv_A_real, const T* A_imag, const T* B, const T* C, T* taps,
                             int64_t h0, int64_t h1, int64_t N, int64_t L) {
     FlushSubnormals flush;
-    std::vector<T> a_re(N), a_im(N), w_re(N), w_im(N), p_re(N), p_im(N);
+    std::vector<T> a_re(N), a_im(N), p_re(N), p_im(N);              // dA; w, then w dA^l
     for (int64_t h = h0; h < h1; ++h) {
         const T dt = std::exp(log_dt[h]);
         for (int64_t n = 0; n < N; n += W) {
             const int64_t w = std::min(W, N - n), at = h * N + n;
             const Discretised<T> m = discretise(dt, inv_A_real + at, A_imag + at, B + 2 * at, C + 2 * at, w);
             write(a_re.data() + n, m.a_re, w), write(a_im.data() + n, m.a_im, w);
-            write(w_re.data() + n, m.w_re, w), write(w_im.data() + n, m.w_im, w);
+            write(p_re.data() + n, m.w_re, w), write(p_im.data() + n, m.w_im, w);
         }
-        taps_of_head(w_re.data(), w_im.data(), a_re.data(), a_im.data(), taps + h * L, N, L, p_re.data(), p_im.data());
+        taps_of_head(p_re.data(), p_im.data(), a_re.data(), a_im.data(), taps + h * L, N, L);
     }
 }
 
