@@ -264,17 +264,37 @@ def _queue(args: argparse.Namespace) -> int:
     from .training.queue import estimate_left, run_queue
 
     grid = GridSettings(n=args.n)
+    if args.time_steps and not args.dry_run:
+        raise MechEvalError("--time-steps goes with --dry-run (it prices the runs left; it trains nothing)")
     if args.dry_run:
-        rows = estimate_left(args.file, args.out, grid)
+        if args.time_steps:
+            import torch
+
+            torch.set_num_threads(args.threads)          # as the lanes train: --threads each
+        rows = estimate_left(args.file, args.out, grid, time_steps=args.time_steps, log=sys.stderr)
         width = max((len(r["run"]) for r in rows), default=0)
         for r in rows:
             trained = f", {100 * r['trained']:.0f} % trained" if r["trained"] else ""
-            cost = (f"~{r['cpu_hours']:.1f} CPU h (median of {r['like']} finished like it{trained})"
-                    if r["cpu_hours"] is not None else f"no finished run like it{trained}")
+            if r["timed"] is not None:
+                t = r["timed"]
+                cost = (f"~{r['cpu_hours']:.1f} CPU h (timed: {1000 * t['step']:.0f} ms a step x {t['steps']} steps "
+                        f"x {t['scale']:.2f}{trained})")
+            elif r["cpu_hours"] is not None:
+                cost = f"~{r['cpu_hours']:.1f} CPU h (median of {r['like']} finished like it{trained})"
+            else:
+                cost = f"no finished run like it{trained}"
             print(f"{r['run']:<{width}}  {cost}")
-        priced = [r["cpu_hours"] for r in rows if r["cpu_hours"] is not None]
-        print(f"{len(rows)} runs left: about {sum(priced):.1f} CPU hours for the {len(priced)} with a finished run "
-              f"like them (lr and seeds aside); {len(rows) - len(priced)} without one")
+        by_runs = [r["cpu_hours"] for r in rows if r["like"]]
+        by_timing = [r for r in rows if r["timed"] is not None]
+        line = (f"{len(rows)} runs left: about {sum(by_runs):.1f} CPU hours for the {len(by_runs)} with a finished run "
+                f"like them (lr and seeds aside)")
+        if args.time_steps:
+            scale = by_timing[0]["timed"]["scale"] if by_timing else None
+            line += (f", {sum(r['cpu_hours'] for r in by_timing):.1f} for the {len(by_timing)} timed here"
+                     + (f" (their steps x {scale:.2f}: what the finished runs took over their timed steps)"
+                        if scale is not None else ""))
+        unpriced = len(rows) - len(by_runs) - len(by_timing)
+        print(line + (f"; {unpriced} without one" if unpriced else ""))
         return 0
     outcome = run_queue(args.file, args.out, threads=args.threads, grid=grid)
     print(f"queue: {len(outcome['finished'])} runs finished, {len(outcome['failed'])} failed"
@@ -487,6 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
     queue.add_argument("--dry-run", action="store_true",
                        help="list the runs left, in order, each with its expected CPU hours (from finished runs "
                             "like it), and exit")
+    queue.add_argument("--time-steps", action="store_true",
+                       help="with --dry-run: price the runs that no finished run is like by timing a few training "
+                            "steps of each kind here (at --threads; a minute or more), scaled by what the finished "
+                            "runs took beyond their own timed steps")
     queue.set_defaults(func=_queue)
 
     from .reports.reproduce import PRESETS as REPRODUCE_PRESETS

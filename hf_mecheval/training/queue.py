@@ -22,7 +22,9 @@ when the file ``<out>/queue.stop`` exists (checked between runs: the run in flig
 
 ``--dry-run`` lists what is left, each run with the CPU hours it should take: the median of the
 finished runs under ``<out>`` that differ from it in nothing but learning rate and seeds (a stacked
-run counts its share of its stack), less the part it has trained already (its last checkpoint).
+run counts its share of its stack), less the part it has trained already (its last checkpoint). With ``--time-steps`` a run that no
+finished run is like is priced by timing a few of its training steps here (``step_timing.py``),
+scaled by what the finished runs took beyond their timed steps.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from ..runs import RunDir
 from ..runs.files import GridSettings, run_seconds
 from ..runs.run_dir import checkpoints, fingerprint
 from .jobs import Run
+from .step_timing import median_step_seconds, run_steps
 from .sweep import Sweep, launch, plan_jobs, run_done, write_results
 
 ENTRY_KEYS = ("sweep", "only")
@@ -142,18 +145,53 @@ def trained_fraction(run_dir: Path) -> float:
     return 0.0
 
 
-def estimate_left(path: str | Path, out: str | Path, grid: GridSettings = GridSettings()) -> list[dict]:
+def estimate_left(path: str | Path, out: str | Path, grid: GridSettings = GridSettings(),
+                  time_steps: bool = False, log=None) -> list[dict]:
     """The runs left (``runs_left``), each {"run": sweep/run, "cpu_hours": expected CPU hours to
-    finish it or None where no finished run is like it, "like": how many finished runs the figure
-    is the median of, "trained": the share already trained}."""
+    finish it, or None where nothing prices it, "like": how many finished runs the figure is the
+    median of, "trained": the share already trained, "timed": None, or where the figure comes from
+    timing steps {"step": seconds, "steps": the run's steps, "scale": the factor applied}}.
+
+    With ``time_steps`` the runs no finished run is like are priced by timing a few training steps
+    of one run per kind (``step_timing.median_step_seconds``, at this process's thread count) times
+    the run's steps, scaled by what the Trainer adds around the steps: the median, over the kinds
+    left that finished runs do price, of their measured CPU seconds over their timed steps (1 where
+    there is none). ``log``: where to say which kind is being timed."""
     measured = measured_cpu_seconds(out)
+    left = {name: (run.checked(), cost_key(run.checked().record)) for name, run in runs_left(path, out, grid).items()}
+    step, scale = {}, 1.0
+    if time_steps:
+        step, scale = _timed_steps(left, measured, log)
     rows = []
-    for name, run in runs_left(path, out, grid).items():
-        like = measured.get(cost_key(run.checked().record), [])
+    for name, (spec, key) in left.items():
+        like = measured.get(key, [])
         trained = trained_fraction(run_folder(out, *name.split("/", 1)).path)       # name: sweep/run
-        hours = statistics.median(like) * (1 - trained) / 3600 if like else None
-        rows.append({"run": name, "cpu_hours": hours, "like": len(like), "trained": trained})
+        hours, timed = None, None
+        if like:
+            hours = statistics.median(like) * (1 - trained) / 3600
+        elif key in step:
+            timed = {"step": step[key], "steps": run_steps(spec), "scale": scale}
+            hours = step[key] * timed["steps"] * scale * (1 - trained) / 3600
+        rows.append({"run": name, "cpu_hours": hours, "like": len(like), "trained": trained, "timed": timed})
     return rows
+
+
+def _timed_steps(left: dict, measured: dict, log) -> tuple[dict[str, float], float]:
+    """One run of every kind (``cost_key``) left timed: {key: median step seconds}, and the scale:
+    the median over the timed kinds with finished runs of (their median CPU seconds) / (their
+    step x their steps)."""
+    kinds: dict[str, object] = {}
+    for spec, key in left.values():
+        kinds.setdefault(key, spec)
+    step, ratios = {}, []
+    for i, (key, spec) in enumerate(kinds.items(), 1):
+        if log is not None:
+            print(f"timing {i}/{len(kinds)}: {spec.model.architecture}, width {spec.config.hidden_size}, "
+                  f"{spec.data.task}", file=log, flush=True)
+        step[key] = median_step_seconds(spec)
+        if measured.get(key):
+            ratios.append(statistics.median(measured[key]) / (step[key] * run_steps(spec)))
+    return step, (statistics.median(ratios) if ratios else 1.0)
 
 
 @dataclasses.dataclass

@@ -232,7 +232,7 @@ def test_dry_run_prices_each_run_left_from_finished_runs_like_it(tmp_path, two_s
     rows = {r["run"]: r for r in estimate_left(queue, out, GRID)}
     assert list(rows) == ["first/transformer_lr0.01_s0", "first/transformer_lr1e-03_s0", "second/based_s0"]
     assert rows["first/transformer_lr1e-03_s0"] == {"run": "first/transformer_lr1e-03_s0", "cpu_hours": 1.5,
-                                                    "like": 2, "trained": 0.0}
+                                                    "like": 2, "trained": 0.0, "timed": None}
     assert rows["first/transformer_lr0.01_s0"]["cpu_hours"] == pytest.approx(1.5 * 0.75)
     assert rows["second/based_s0"]["cpu_hours"] is None and rows["second/based_s0"]["like"] == 0
 
@@ -242,3 +242,66 @@ def test_dry_run_prices_each_run_left_from_finished_runs_like_it(tmp_path, two_s
     assert printed[2].endswith("no finished run like it")
     assert printed[-1] == ("3 runs left: about 2.6 CPU hours for the 2 with a finished run like them "
                            "(lr and seeds aside); 1 without one")
+
+
+def test_time_steps_prices_the_runs_no_finished_run_is_like(tmp_path, two_sweeps, monkeypatch, capsys):
+    """--time-steps: a run without a finished run like it costs its timed step x its steps x the
+    scale, the finished kinds' measured CPU seconds over their timed steps; one step timed per kind."""
+    from hf_mecheval.training import queue as module
+
+    first, second = two_sweeps
+    queue = queue_file(tmp_path, [{"sweep": first}, {"sweep": second}])
+    out = tmp_path / "out"
+    record = next(r for r in read_queue(queue)[0].runs() if r.name == "transformer_lr1e-03_s0").checked().record
+    folder = out / "elsewhere" / "runs" / "alone"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(record))
+    (folder / "metrics.json").write_text(json.dumps({"final": {"validation_accuracy": 0.5, "test_accuracy": 0.5,
+                                                               "train_cpu_seconds": 12.0}}))
+    timed = []
+
+    def step_seconds(spec):
+        timed.append(spec.model.architecture)
+        return {"transformer": 2.0, "based": 5.0}[spec.model.architecture]
+    monkeypatch.setattr(module, "median_step_seconds", step_seconds)
+
+    rows = {r["run"]: r for r in estimate_left(queue, out, GRID, time_steps=True)}
+    assert timed == ["transformer", "based"]               # the two transformer runs are one kind
+    # the transformer's kind: 12 CPU s measured over 2 s x 4 steps timed: scale 1.5
+    assert rows["first/transformer_lr0.01_s0"]["cpu_hours"] == pytest.approx(12 / 3600)
+    assert rows["first/transformer_lr0.01_s0"]["timed"] is None
+    assert rows["second/based_s0"]["timed"] == {"step": 5.0, "steps": 4, "scale": 1.5}
+    assert rows["second/based_s0"]["cpu_hours"] == pytest.approx(5.0 * 4 * 1.5 / 3600)
+    # without --time-steps nothing is timed
+    timed.clear()
+    assert estimate_left(queue, out, GRID)[2]["cpu_hours"] is None and timed == []
+
+    assert mecheval(["queue", str(queue), "--out", str(out), "--dry-run", "--time-steps"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[2].endswith("~0.0 CPU h (timed: 5000 ms a step x 4 steps x 1.50)")
+    assert printed[-1] == ("3 runs left: about 0.0 CPU hours for the 2 with a finished run like them (lr and seeds "
+                           "aside), 0.0 for the 1 timed here (their steps x 1.50: what the finished runs took over "
+                           "their timed steps)")
+    assert mecheval(["queue", str(queue), "--out", str(out), "--time-steps"]) == 2
+    assert "--time-steps goes with --dry-run" in capsys.readouterr().err
+
+
+def test_a_timed_step_is_a_training_step_of_the_runs_own_model_and_task(tmp_path, two_sweeps):
+    from hf_mecheval.tasks.presets import CPU_TRAIN
+    from hf_mecheval.training.step_timing import median_step_seconds, run_steps, training_batches
+    from hf_mecheval.training.spec import RunSpec
+
+    spec = read_queue(queue_file(tmp_path, [{"sweep": two_sweeps[0]}]))[0].runs()[0].checked()
+    assert run_steps(spec) == 4                                                   # max_steps
+    epochs = RunSpec.from_values({"architecture": "based", "hidden_size": 16, "task": "ar_32", "train_size": 100,
+                                  "num_train_epochs": 3, "per_device_train_batch_size": 32})
+    assert run_steps(epochs) == 4 * 3                                             # ceil(100 / 32) a epoch
+    # MQAR: batches of the preset's training mixture, padded to the longest document of each
+    mqar = RunSpec.from_values({"architecture": "based", "hidden_size": 16, "task": "mqar_cpu",
+                                "per_device_train_batch_size": 8})
+    batches = training_batches(mqar, 6)
+    assert len(batches) == 6 and all(b["input_ids"].shape[0] == 8 for b in batches)
+    assert {b["input_ids"].shape[1] for b in batches} <= {length for length, _, _ in CPU_TRAIN}     # 64 or 128
+    assert all(int((b["labels"] != -100).sum()) >= 8 * 4 for b in batches)       # 4 pairs or more a document
+    seconds = median_step_seconds(spec, steps=2, warmup=1)
+    assert 0 < seconds < 60
