@@ -89,6 +89,56 @@ def logits_and_loss_at_answers(lm_head: nn.Module, h: torch.Tensor, targets: tor
     return logits[inverse].unflatten(0, (B, k)), loss
 
 
+# Rows grouped by the tokens they need ------------------------------------------------------
+# A training batch is padded to its longest document, but with the answer-only loss a row needs
+# its tokens only up to its last scored position: a causal model computes each position from the
+# positions before it, so the rest of the row changes nothing the loss reads. Where rows need very
+# different lengths (ATR's grammars: documents of a median 30 tokens in batches padded to 258 on
+# average; MQAR's mixture: 64 and 128 tokens) the backbone runs once per group of rows of similar
+# length, each group cut to its longest need. The values are the batch's own to float rounding
+# (the same arithmetic per row, in smaller matrices); a batch whose rows all need the same length
+# (AR) runs exactly as before, in one call.
+
+# what one more backbone call costs, in token-rows of arithmetic (calls' fixed costs: each
+# operator's dispatch and allocations, forward and backward); chosen by
+# benchmarks/bench_length_groups.py
+GROUP_CALL_TOKENS = 256
+
+
+def length_groups(needed: torch.Tensor, call_tokens: int = GROUP_CALL_TOKENS) -> list[tuple[torch.Tensor, int]]:
+    """needed (B,): the tokens each row needs -> [(rows (b,), length)], groups of rows, longest first,
+    each to be cut to ``length`` (its longest need), that minimise sum(b x length) + call_tokens x
+    groups; one group of every row in order where no split saves more than its calls cost.
+
+    Groups are runs of the rows sorted by need (an optimal grouping never interleaves them), found
+    by dynamic programming over the distinct needs: best[j] = min over i < j of best[i] + (rows
+    needing the i-th to the j-th largest) x (the i-th largest need) + call_tokens."""
+    lengths, counts = torch.unique(needed, sorted=True, return_counts=True)
+    if len(lengths) == 1:
+        return [(torch.arange(len(needed), device=needed.device), int(lengths[0]))]
+    lengths, counts = lengths.flip(0).tolist(), counts.flip(0).tolist()          # longest first
+    rows_through = [0]
+    for c in counts:
+        rows_through.append(rows_through[-1] + c)                                # rows needing >= lengths[j]
+    best, cut = [0.0] + [math.inf] * len(lengths), [0] * (len(lengths) + 1)
+    for j in range(1, len(lengths) + 1):
+        for i in range(j):                 # one group: the needs lengths[i] .. lengths[j-1], cut to lengths[i]
+            cost = best[i] + (rows_through[j] - rows_through[i]) * lengths[i] + call_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(lengths)
+    while j > 0:
+        bounds.append((cut[j], j))
+        j = cut[j]
+    if len(bounds) == 1:
+        return [(torch.arange(len(needed), device=needed.device), lengths[0])]
+    groups = []
+    for i, j in reversed(bounds):
+        rows = torch.nonzero((needed <= lengths[i]) & (needed >= lengths[j - 1])).flatten()
+        groups.append((rows, lengths[i]))
+    return groups
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (weight only): Mamba's block norm."""
 
@@ -527,9 +577,16 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
                 keep = scored.float().argmax(1)[:, None]                       # (B, 1)
             elif not observed and bool(scored.any()):
                 keep, kept_targets = scored_positions(targets)                 # (B, k) each
-        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                         cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states,
-                         output_attentions=output_attentions, keep_positions=keep, return_dict=True)
+        groups = None
+        if keep is not None and attention_mask is None:        # right padding only: rows start at position 0
+            groups = length_groups(keep.max(1).values + 1, GROUP_CALL_TOKENS)
+        if groups is not None and len(groups) > 1:
+            h = self._backbone_by_groups(input_ids, inputs_embeds, keep, groups)      # (B, k, D)
+            out = BaseModelOutputWithPast(last_hidden_state=h)
+        else:
+            out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                             cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions, keep_positions=keep, return_dict=True)
         h = out.last_hidden_state                                              # (B, L or k, D)
         if kept_targets is not None:
             logits, loss = logits_and_loss_at_answers(self.lm_head, h, kept_targets)   # logits (B, k, V)
@@ -544,6 +601,18 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
             logits = self.lm_head(slice_logits_to_keep(h, logits_to_keep))
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states,
                                       attentions=out.attentions)
+
+    def _backbone_by_groups(self, input_ids, inputs_embeds, keep, groups) -> torch.Tensor:
+        """The backbone's output at ``keep`` (B, k) with the rows run in ``length_groups``'s groups,
+        each cut to its length: (B, k, D), rows in the batch's order."""
+        outputs = []
+        for rows, length in groups:
+            ids = None if input_ids is None else input_ids[rows, :length]
+            embeds = None if inputs_embeds is None else inputs_embeds[rows, :length]
+            outputs.append(self.model(input_ids=ids, inputs_embeds=embeds, keep_positions=keep[rows],
+                                      return_dict=True).last_hidden_state)                 # (b, k, D)
+        order = torch.cat([rows for rows, _ in groups])                                     # batch row of each
+        return torch.cat(outputs)[torch.argsort(order)]
 
 
 # ------------------------------------------------------------- one class pair per architecture

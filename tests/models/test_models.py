@@ -99,6 +99,84 @@ def test_several_answers_per_row_equal_full_cross_entropy(arch):
         assert (g is None) == (w is None) and (g is None or torch.allclose(g, w, atol=1e-6))
 
 
+def brute_force_groups(needed, call_tokens):
+    """The least sum(rows x longest need) + call_tokens x groups over every partition of the rows
+    (not only runs of the sorted needs), by enumeration."""
+    def partitions(items):
+        if not items:
+            yield []
+            return
+        first, rest = items[0], items[1:]
+        for part in partitions(rest):
+            yield [[first], *part]
+            for i in range(len(part)):
+                yield [*part[:i], [first, *part[i]], *part[i + 1:]]
+    return min(sum(len(g) * max(needed[r] for r in g) + call_tokens for g in part)
+               for part in partitions(list(range(len(needed)))))
+
+
+def test_length_groups_by_hand_and_against_every_partition():
+    from hf_mecheval.models.modeling_mecheval import length_groups
+
+    def as_lists(groups):
+        return [(rows.tolist(), length) for rows, length in groups]
+
+    needed = torch.tensor([10, 10, 100, 10])
+    # free calls: one group per length; the long row alone
+    assert as_lists(length_groups(needed, 0)) == [([2], 100), ([0, 1, 3], 10)]
+    # split: 100 + 3 x 10 + 2 x 50 = 230 < one call 4 x 100 + 50 = 450
+    assert as_lists(length_groups(needed, 50)) == [([2], 100), ([0, 1, 3], 10)]
+    # a call dearer than the 270 token-rows a split saves: one group, every row in order
+    assert as_lists(length_groups(needed, 271)) == [([0, 1, 2, 3], 100)]
+    assert as_lists(length_groups(torch.tensor([37] * 5), 0)) == [([0, 1, 2, 3, 4], 37)]   # AR: all alike
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        n = int(torch.randint(1, 7, (1,), generator=generator))
+        needed = torch.randint(1, 40, (n,), generator=generator)
+        call_tokens = int(torch.randint(0, 60, (1,), generator=generator))
+        groups = length_groups(needed, call_tokens)
+        rows = torch.cat([r for r, _ in groups])
+        assert sorted(rows.tolist()) == list(range(n))                                   # each row once
+        assert all(int(needed[r].max()) == length for r, length in groups)              # cut to its longest
+        cost = sum(len(r) * length + call_tokens for r, length in groups)
+        assert cost == brute_force_groups(needed.tolist(), call_tokens)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rows_grouped_by_length_give_the_whole_batchs_loss_and_gradients(arch, monkeypatch):
+    """Rows whose last answers stand far apart run in groups, each cut to its longest need: the
+    loss, logits and gradients of the padded batch in one call (float64), one call per group."""
+    import hf_mecheval.models.modeling_mecheval as modeling
+
+    torch.manual_seed(0)
+    model = tiny(arch).double()
+    ids = torch.randint(3, 11, (6, 16))
+    labels = torch.full_like(ids, -100)
+    answers = {0: [3], 1: [5, 15], 2: [4], 3: [2, 8, 12], 4: [15], 5: [3]}   # needs 3, 15, 4, 12, 15, 3
+    for row, positions in answers.items():
+        labels[row, positions] = ids[row, positions]
+
+    def loss_and_grads(call_tokens):
+        monkeypatch.setattr(modeling, "GROUP_CALL_TOKENS", call_tokens)
+        model.zero_grad()
+        out = model(ids, labels=labels)
+        out.loss.backward()
+        return out.loss.detach(), out.logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    widths = []
+    backbone = model.model.forward
+    monkeypatch.setattr(model.model, "forward", lambda *a, **k: widths.append(k["input_ids"].shape) or backbone(*a, **k))
+    grouped = loss_and_grads(0)
+    assert widths == [(2, 15), (1, 12), (1, 4), (2, 3)]           # one call per need, longest first
+    widths.clear()
+    whole = loss_and_grads(10 ** 9)
+    assert widths == [(6, 16)]                                    # one call, the batch as it is
+    assert torch.allclose(grouped[0], whole[0], rtol=0, atol=1e-12)
+    assert torch.allclose(grouped[1], whole[1], rtol=0, atol=1e-12)
+    for g, w in zip(grouped[2], whole[2]):
+        assert torch.allclose(g, w, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_standard_sites_and_errors(arch):
     model = tiny(arch)
