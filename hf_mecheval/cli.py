@@ -284,9 +284,16 @@ def _queue(args: argparse.Namespace) -> int:
             else:
                 cost = f"no finished run like it{trained}"
             print(f"{r['run']:<{width}}  {cost}")
+        sweeps: dict[str, list[dict]] = {}
+        for r in rows:
+            sweeps.setdefault(r["run"].split("/", 1)[0], []).append(r)
+        for name, left in sweeps.items():            # each sweep's share, in the queue's order
+            priced = [r["cpu_hours"] for r in left if r["cpu_hours"] is not None]
+            print(f"sweep {name}: {len(left)} run{'s' * (len(left) != 1)} left, about {sum(priced):.1f} CPU hours"
+                  + (f" ({len(left) - len(priced)} without a figure)" if len(priced) < len(left) else ""))
         by_runs = [r["cpu_hours"] for r in rows if r["like"]]
         by_timing = [r for r in rows if r["timed"] is not None]
-        line = (f"{len(rows)} runs left: about {sum(by_runs):.1f} CPU hours for the {len(by_runs)} with a finished run "
+        line = (f"{len(rows)} run{'s' * (len(rows) != 1)} left: about {sum(by_runs):.1f} CPU hours for the {len(by_runs)} with a finished run "
                 f"like them (lr and seeds aside)")
         if args.time_steps:
             scale = by_timing[0]["timed"]["scale"] if by_timing else None

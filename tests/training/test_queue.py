@@ -163,9 +163,12 @@ def test_dry_run_lists_what_is_left(tmp_path, two_sweeps, capsys):
     queue = queue_file(tmp_path, [{"sweep": second}, {"sweep": first}])
     assert mecheval(["queue", str(queue), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in printed[:-1]] == ["second/based_s0", "first/transformer_lr0.01_s0",
-                                                          "first/transformer_lr1e-03_s0"]
-    assert printed[-1].startswith("3 runs left")
+    assert [line.split()[0] for line in printed[:3]] == ["second/based_s0", "first/transformer_lr0.01_s0",
+                                                         "first/transformer_lr1e-03_s0"]
+    # each sweep's share, in the queue's order, then the whole
+    assert printed[3:5] == ["sweep second: 1 run left, about 0.0 CPU hours (1 without a figure)",
+                            "sweep first: 2 runs left, about 0.0 CPU hours (2 without a figure)"]
+    assert printed[-1].startswith("3 runs left") and len(printed) == 6
 
 
 def test_a_run_trained_outside_the_queue_is_left_to_its_process(tmp_path, two_sweeps):
@@ -240,6 +243,8 @@ def test_dry_run_prices_each_run_left_from_finished_runs_like_it(tmp_path, two_s
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].endswith("~1.1 CPU h (median of 2 finished like it, 25 % trained)")
     assert printed[2].endswith("no finished run like it")
+    assert printed[3:5] == ["sweep first: 2 runs left, about 2.6 CPU hours",
+                            "sweep second: 1 run left, about 0.0 CPU hours (1 without a figure)"]
     assert printed[-1] == ("3 runs left: about 2.6 CPU hours for the 2 with a finished run like them "
                            "(lr and seeds aside); 1 without one")
 
@@ -279,6 +284,7 @@ def test_time_steps_prices_the_runs_no_finished_run_is_like(tmp_path, two_sweeps
     assert mecheval(["queue", str(queue), "--out", str(out), "--dry-run", "--time-steps"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[2].endswith("~0.0 CPU h (timed: 5000 ms a step x 4 steps x 1.50)")
+    assert printed[4] == "sweep second: 1 run left, about 0.0 CPU hours"
     assert printed[-1] == ("3 runs left: about 0.0 CPU hours for the 2 with a finished run like them (lr and seeds "
                            "aside), 0.0 for the 1 timed here (their steps x 1.50: what the finished runs took over "
                            "their timed steps)")
