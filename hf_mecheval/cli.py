@@ -293,8 +293,8 @@ def _queue(args: argparse.Namespace) -> int:
                   + (f" ({len(left) - len(priced)} without a figure)" if len(priced) < len(left) else ""))
         by_runs = [r["cpu_hours"] for r in rows if r["like"]]
         by_timing = [r for r in rows if r["timed"] is not None]
-        line = (f"{len(rows)} run{'s' * (len(rows) != 1)} left: about {sum(by_runs):.1f} CPU hours for the {len(by_runs)} with a finished run "
-                f"like them (lr and seeds aside)")
+        line = (f"{len(rows)} run{'s' * (len(rows) != 1)} left: about {sum(by_runs):.1f} CPU hours for the "
+                f"{len(by_runs)} with a finished run like them (lr and seeds aside)")
         if args.time_steps:
             scale = by_timing[0]["timed"]["scale"] if by_timing else None
             line += (f", {sum(r['cpu_hours'] for r in by_timing):.1f} for the {len(by_timing)} timed here"

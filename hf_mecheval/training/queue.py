@@ -22,9 +22,10 @@ when the file ``<out>/queue.stop`` exists (checked between runs: the run in flig
 
 ``--dry-run`` lists what is left, each run with the CPU hours it should take: the median of the
 finished runs under ``<out>`` that differ from it in nothing but learning rate and seeds (a stacked
-run counts its share of its stack), less the part it has trained already (its last checkpoint). With ``--time-steps`` a run that no
-finished run is like is priced by timing a few of its training steps here (``step_timing.py``),
-scaled by what the finished runs took beyond their timed steps.
+run counts its share of its stack), less the part it has trained already (its last checkpoint).
+With ``--time-steps`` a run that no finished run is like is priced by timing a few of its training
+steps here (``step_timing.py``), scaled by what the finished runs took beyond their timed steps;
+the last lines give each sweep's share and the whole.
 """
 from __future__ import annotations
 

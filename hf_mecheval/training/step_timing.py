@@ -44,8 +44,10 @@ def median_step_seconds(spec, steps: int = 5, warmup: int = 2) -> float:
     longest = max(int(b["input_ids"].shape[1]) for b in batches)
     model = build_run_model(spec, spec.training.seed, longest).train()
     training = spec.training
+    fused = str(getattr(training.optim, "value", training.optim)) == "adamw_torch_fused"     # the Trainer's default
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay,
-                                  betas=(training.adam_beta1, training.adam_beta2), eps=training.adam_epsilon)
+                                  betas=(training.adam_beta1, training.adam_beta2), eps=training.adam_epsilon,
+                                  fused=fused or None)
     seconds = []
     for i, batch in enumerate(batches):
         start = time.process_time()
