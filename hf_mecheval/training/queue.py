@@ -180,7 +180,8 @@ def estimate_left(path: str | Path, out: str | Path, grid: GridSettings = GridSe
 def _timed_steps(left: dict, measured: dict, log) -> tuple[dict[str, float], float]:
     """One run of every kind (``cost_key``) left timed: {key: median step seconds}, and the scale:
     the median over the timed kinds with finished runs of (their median CPU seconds) / (their
-    step x their steps)."""
+    step x their steps). A kind whose step fails (it would fail in training too) is said in
+    ``log`` and left unpriced."""
     kinds: dict[str, object] = {}
     for spec, key in left.values():
         kinds.setdefault(key, spec)
@@ -189,7 +190,12 @@ def _timed_steps(left: dict, measured: dict, log) -> tuple[dict[str, float], flo
         if log is not None:
             print(f"timing {i}/{len(kinds)}: {spec.model.architecture}, width {spec.config.hidden_size}, "
                   f"{spec.data.task}", file=log, flush=True)
-        step[key] = median_step_seconds(spec)
+        try:
+            step[key] = median_step_seconds(spec)
+        except (MechEvalError, RuntimeError, ValueError, MemoryError) as exc:   # best effort: left unpriced
+            if log is not None:
+                print(f"  not timed: {exc}", file=log, flush=True)
+            continue
         if measured.get(key):
             ratios.append(statistics.median(measured[key]) / (step[key] * run_steps(spec)))
     return step, (statistics.median(ratios) if ratios else 1.0)

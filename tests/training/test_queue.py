@@ -1,4 +1,5 @@
 """mecheval queue: the order of a queue file, claims between lanes, stacks, stopping, bad files."""
+import io
 import json
 import os
 import signal
@@ -277,6 +278,17 @@ def test_time_steps_prices_the_runs_no_finished_run_is_like(tmp_path, two_sweeps
     assert rows["first/transformer_lr0.01_s0"]["timed"] is None
     assert rows["second/based_s0"]["timed"] == {"step": 5.0, "steps": 4, "scale": 1.5}
     assert rows["second/based_s0"]["cpu_hours"] == pytest.approx(5.0 * 4 * 1.5 / 3600)
+    # a kind whose step fails is said and left unpriced; the others are still priced
+    def failing(spec):
+        if spec.model.architecture == "based":
+            raise RuntimeError("out of memory in the step")
+        return 2.0
+    monkeypatch.setattr(module, "median_step_seconds", failing)
+    log = io.StringIO()
+    rows = {r["run"]: r for r in estimate_left(queue, out, GRID, time_steps=True, log=log)}
+    assert rows["second/based_s0"]["cpu_hours"] is None and rows["second/based_s0"]["timed"] is None
+    assert "not timed: out of memory in the step" in log.getvalue()
+    monkeypatch.setattr(module, "median_step_seconds", step_seconds)
     # without --time-steps nothing is timed
     timed.clear()
     assert estimate_left(queue, out, GRID)[2]["cpu_hours"] is None and timed == []
