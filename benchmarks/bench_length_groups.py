@@ -41,8 +41,8 @@ def computed_share(data: list[dict], tokens: int) -> float:
     """Token-rows the groups compute over the padded batches' token-rows."""
     done = padded = 0
     for batch in data:
-        scored = batch["labels"][:, 1:] != -100
-        needed = (scored.shape[1] - 1 - scored.flip(1).float().argmax(1)) + 1    # last scored position + 1
+        positions, _ = modeling.scored_positions(batch["labels"][:, 1:])           # as the forward keeps them
+        needed = positions.max(1).values + 1                                        # last scored position + 1
         groups = modeling.length_groups(needed, tokens)
         padded += batch["input_ids"].numel()
         # one group runs the batch as it is (the forward's one call); several, each cut to its length
