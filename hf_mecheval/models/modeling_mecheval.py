@@ -577,16 +577,8 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
                 keep = scored.float().argmax(1)[:, None]                       # (B, 1)
             elif not observed and bool(scored.any()):
                 keep, kept_targets = scored_positions(targets)                 # (B, k) each
-        groups = None
-        if keep is not None and attention_mask is None:        # right padding only: rows start at position 0
-            groups = length_groups(keep.max(1).values + 1, GROUP_CALL_TOKENS)
-        if groups is not None and len(groups) > 1:
-            h = self._backbone_by_groups(input_ids, inputs_embeds, keep, groups)      # (B, k, D)
-            out = BaseModelOutputWithPast(last_hidden_state=h)
-        else:
-            out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                             cache=cache, use_cache=use_cache, output_hidden_states=output_hidden_states,
-                             output_attentions=output_attentions, keep_positions=keep, return_dict=True)
+        out = self._backbone(input_ids, inputs_embeds, attention_mask, keep, cache=cache, use_cache=use_cache,
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         h = out.last_hidden_state                                              # (B, L or k, D)
         if kept_targets is not None:
             logits, loss = logits_and_loss_at_answers(self.lm_head, h, kept_targets)   # logits (B, k, V)
@@ -601,6 +593,39 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
             logits = self.lm_head(slice_logits_to_keep(h, logits_to_keep))
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states,
                                       attentions=out.attentions)
+
+    def answer_states(self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                      attention_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The last hidden state at the answer-predicting positions alone, for evaluation: the LM
+        head turns each into its answer's logits (``logits = lm_head(h)``) in as many pieces as
+        suit the caller, where ``forward`` returns every row's k slots of logits at once (with 256
+        MQAR documents of up to 64 queries a batch, that copy and a softmax over it took most of an
+        evaluation). labels (B, L) as ``forward`` takes them -> (h (n, D) of the batch's n answers
+        in row-major order, slots (B, k) bool: which of each row's k slots hold an answer, answers
+        (B, k): the labels in those slots, IGNORE_INDEX elsewhere; as ``scored_positions`` gives
+        them)."""
+        positions, answers = scored_positions(labels[:, 1:])                   # (B, k) each
+        slots = answers != IGNORE_INDEX                                        # (B, k)
+        # a site observed in the last block needs every position (as in forward)
+        observed = any(m.wanted() for m in self.model.layers[-1].modules() if isinstance(m, Site))
+        keep = None if observed else positions
+        h = self._backbone(input_ids, inputs_embeds, attention_mask, keep, use_cache=False).last_hidden_state
+        if keep is None:                                                       # (B, L, D) -> (B, k, D)
+            h = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1]))
+        return h[slots], slots, answers
+
+    def _backbone(self, input_ids, inputs_embeds, attention_mask, keep, **model_kwargs) -> BaseModelOutputWithPast:
+        """The backbone's output; with ``keep`` (B, k) only at those positions (B, k, D), the rows
+        run in ``length_groups``'s groups where that saves time (right padding only: every row
+        starts at position 0)."""
+        if keep is not None and attention_mask is None:
+            groups = length_groups(keep.max(1).values + 1, GROUP_CALL_TOKENS)
+            if len(groups) > 1:
+                return BaseModelOutputWithPast(last_hidden_state=self._backbone_by_groups(input_ids, inputs_embeds,
+                                                                                          keep, groups))
+        return self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                          keep_positions=keep, return_dict=True, **model_kwargs)
 
     def _backbone_by_groups(self, input_ids, inputs_embeds, keep, groups) -> torch.Tensor:
         """The backbone's output at ``keep`` (B, k) with the rows run in ``length_groups``'s groups,

@@ -1,13 +1,16 @@
 """Answer accuracy and probability for the Trainer's evaluation loop.
 
-The model returns logits only at the positions that predict an answer ((batch, 1, vocab), or
-(batch, k, vocab) with one answer per query: MQAR); ``preprocess_logits_for_metrics`` reduces them
-right away to (prediction, answer, p(answer)) per answer so no full-vocabulary logits are
-accumulated over the evaluation set. Accuracy is the mean over documents of the share of a
-document's answers that are right (Zoology's ``valid/accuracy``); with one answer per document,
-the share of documents answered right.
+Evaluation keeps of each batch only (prediction, answer, p(answer)) per answer (``AnswerSummary``),
+so no full-vocabulary logits are accumulated over the evaluation set. From our models it takes
+the LM head at the answers alone (``MechEvalForCausalLM.answer_states``); from any other model,
+its logits at the answer-predicting positions ((batch, 1, vocab), (batch, k, vocab) with one
+answer per query: MQAR, or (batch, length, vocab)). Accuracy is the mean over documents of the
+share of a document's answers that are right (Zoology's ``valid/accuracy``); with one answer per
+document, the share of documents answered right.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,40 +19,89 @@ from ..models.modeling_mecheval import scored_positions
 from ..tasks.data import IGNORE_INDEX
 
 
+# the LM head runs over this many logits at a time (16 MiB in float32): ~3x faster than all of a
+# 256-document MQAR batch's at once on a CPU, whose caches the whole (answers, vocab) block overflows
+HEAD_CHUNK_LOGITS = 1 << 22
+
+
+def summary_rows(logits: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (n, V) of n answer-predicting positions, answers (n,) -> ((n, 3) float: the
+    prediction (argmax over the full vocabulary, as greedy ``generate()`` picks it), the answer,
+    p(answer); (n,) each answer's cross entropy)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))     # half precision summed in float32
+    answer_logit = logits.gather(1, answers[:, None])[:, 0]                # (n,)
+    nll = torch.logsumexp(logits, dim=-1) - answer_logit                  # -log p(answer)
+    return torch.stack([logits.argmax(-1).float(), answers.float(), torch.exp(-nll)], dim=1), nll
+
+
+def head_summary(lm_head, h: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``summary_rows`` of ``lm_head(h)``, h (n, D), run in pieces of ``HEAD_CHUNK_LOGITS``
+    logits -> (rows (n, 3), the mean cross entropy)."""
+    step = max(1, HEAD_CHUNK_LOGITS // lm_head.out_features)
+    pieces = [summary_rows(lm_head(h[i:i + step]), answers[i:i + step]) for i in range(0, len(h), step)]
+    if not pieces:                 # no answer in the batch: no rows, and a NaN loss as the forward's
+        return h.new_zeros(0, 3), h.new_full((), float("nan"))
+    return torch.cat([rows for rows, _ in pieces]), torch.cat([nll for _, nll in pieces]).mean()
+
+
+def slots_summary(rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """rows (n, 3) of the n True slots of slots (B, k), row-major -> (B, k, 3), IGNORE_INDEX in
+    the empty slots (as the Trainer pads batches of another k when it joins them)."""
+    summary = torch.full((*slots.shape, 3), float(IGNORE_INDEX), dtype=rows.dtype, device=rows.device)
+    summary[slots] = rows
+    return summary
+
+
 def answer_logits_summary(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """logits: (B, 1, V) at the answer-predicting position, or (B, L, V); labels: (B, L) with one
-    label per row. Returns (B, 3) float: argmax over the full vocabulary, answer, p(answer)."""
+    label per row. Returns (B, 3) float: prediction, answer, p(answer) (``summary_rows``)."""
     targets = labels[:, 1:]
     pos = (targets != IGNORE_INDEX).float().argmax(1)                  # (B,)
     answer = targets.gather(1, pos[:, None])[:, 0]
     if logits.shape[1] != 1:
         logits = logits[torch.arange(len(pos)), pos][:, None]
-    probs = torch.softmax(logits[:, 0].float(), dim=-1)
-    return torch.stack([probs.argmax(-1).float(), answer.float(), probs.gather(1, answer[:, None])[:, 0]], dim=1)
+    return summary_rows(logits[:, 0], answer)[0]
 
 
 def query_logits_summary(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The same for documents with one answer per query: logits (B, k, V) at each row's scored
     positions (the model's order, ``scored_positions``) or (B, L, V); labels (B, L). Returns
-    (B, k, 3) float, rows with fewer answers padded with IGNORE_INDEX (as the Trainer pads
-    batches of another k when it joins them)."""
+    (B, k, 3) float, rows with fewer answers padded with IGNORE_INDEX (``slots_summary``)."""
     positions, answers = scored_positions(labels[:, 1:])                # (B, k) each
     if logits.shape[1] != positions.shape[1]:
         logits = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
-    probs = torch.softmax(logits.float(), dim=-1)                       # (B, k, V)
-    valid = answers != IGNORE_INDEX
-    p = probs.gather(-1, answers.clamp(min=0)[..., None])[..., 0]
-    summary = torch.stack([probs.argmax(-1).float(), answers.float(), p], dim=-1)
-    return torch.where(valid[..., None], summary, torch.full_like(summary, IGNORE_INDEX))
+    slots = answers != IGNORE_INDEX
+    return slots_summary(summary_rows(logits[slots], answers[slots])[0], slots)
 
 
-def logits_summary_for(task):
-    """``preprocess_logits_for_metrics`` for the task's documents: one answer or one per query."""
-    return query_logits_summary if getattr(task, "multi_query", False) else answer_logits_summary
+@dataclass(frozen=True)
+class AnswerSummary:
+    """What evaluation keeps of a batch, for a task's documents: one answer per document ((B, 3),
+    ``answer_logits_summary``) or one per query ((B, k, 3), ``query_logits_summary``)."""
+    multi_query: bool
+
+    def of_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """From a model's logits (any model's: see the two functions)."""
+        return (query_logits_summary if self.multi_query else answer_logits_summary)(logits, labels)
+
+    @torch.no_grad()
+    def of_model(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """From a model with ``answer_states`` (ours): the LM head at the answers alone, in pieces
+        (``head_summary``) -> (the mean cross entropy over the answers, as the forward's loss;
+        the same summary as ``of_logits`` of the forward's logits)."""
+        h, slots, answers = model.answer_states(**inputs)                   # (n, D), (B, k), (B, k)
+        rows, loss = head_summary(model.get_output_embeddings(), h, answers[slots])
+        summary = slots_summary(rows, slots)                                 # (B, k, 3)
+        return loss, summary if self.multi_query else summary[:, 0]
+
+
+def logits_summary_for(task) -> AnswerSummary:
+    """The ``AnswerSummary`` for the task's documents: one answer or one per query."""
+    return AnswerSummary(multi_query=bool(getattr(task, "multi_query", False)))
 
 
 def per_document(summary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """summary (N, 3) or (N, k, 3) as the two functions above give it -> (N,) each document's share
+    """summary (N, 3) or (N, k, 3) as ``AnswerSummary`` gives it -> (N,) each document's share
     of right answers and mean p(answer)."""
     summary = np.asarray(summary, dtype=np.float64)
     if summary.ndim == 2:
@@ -84,7 +136,7 @@ def multi_query_breakdowns(trainer, dataset) -> dict[str, list[dict]]:
 def accuracy_by_setting(summary: np.ndarray, columns: dict[str, np.ndarray]) -> list[dict]:
     """Accuracy per setting of a mixture of documents (MQAR: each ``seq_len`` and ``num_pairs``,
     Zoology's slices), the mean over its documents of their share of right answers: summary
-    (N, k, 3) as ``query_logits_summary`` gives it; columns: the documents' ``seq_len`` and
+    (N, k, 3) as ``AnswerSummary`` gives it; columns: the documents' ``seq_len`` and
     ``num_pairs`` (N,) -> ``[{"seq_len", "num_pairs", "documents", "accuracy"}, ...]``."""
     right, _ = per_document(summary)
     seq_len, pairs = columns["seq_len"], columns["num_pairs"]
@@ -99,7 +151,7 @@ def accuracy_by_setting(summary: np.ndarray, columns: dict[str, np.ndarray]) -> 
 def accuracy_by_key_position(summary: np.ndarray, key_pos: np.ndarray) -> list[dict]:
     """The share of queries answered right, by where the query's key stands in its document: in
     [0, 16), then [16, 32), [32, 64), ... (a model that never saw a key past some position may not
-    find one there, whatever the setting). summary (N, k, 3) as ``query_logits_summary`` gives it;
+    find one there, whatever the setting). summary (N, k, 3) as ``AnswerSummary`` gives it;
     key_pos (N, k) each query's key position in the same order, -1 where a row has fewer queries
     -> ``[{"key_from", "key_to", "queries", "accuracy"}, ...]`` (key_to exclusive), the buckets
     that hold a query."""

@@ -97,7 +97,7 @@ def train(spec: RunSpec, callbacks: Sequence = (), command: str | None = None, p
         trainer = MechEvalTrainer(
             model=model, args=training_args, train_dataset=splits["train"], eval_dataset=splits["validation"],
             processing_class=build_tokenizer(spec.task), data_collator=batch_collator,
-            compute_metrics=compute_answer_metrics, preprocess_logits_for_metrics=logits_summary_for(spec.task),
+            compute_metrics=compute_answer_metrics, answer_summary=logits_summary_for(spec.task),
             callbacks=callbacks,
         )
         if run_args.restoration_every_n_steps > 0:

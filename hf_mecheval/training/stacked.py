@@ -404,7 +404,7 @@ def _train_stack(members, stack_dir, records, checkpoint, command, callbacks, pr
         lone = MechEvalTrainer(model=model, args=t_args, eval_dataset=splits["validation"],
                                processing_class=build_tokenizer(task), data_collator=batch_collator,
                                compute_metrics=compute_answer_metrics,
-                               preprocess_logits_for_metrics=logits_summary_for(task))
+                               answer_summary=logits_summary_for(task))
         lone.state = dataclasses.replace(trainer.state, log_history=copy_history(trainer.state.log_history, k, K))
         extra = {"stack_size": K, **clock.summary()}      # the stack's wall time
         if diverged[k] >= 0:

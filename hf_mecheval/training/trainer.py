@@ -28,17 +28,24 @@ from ..runs.model_card import write_model_card
 from ..tasks.presets import get_preset
 from .arguments import RunArguments
 from .data import EpochShuffleSampler, PaddedTaskDataset
-from .evaluation import decoded_example, multi_query_breakdowns
+from .evaluation import AnswerSummary, decoded_example, multi_query_breakdowns
 from .progress import RunningLoss
 
 
-class MechEvalTrainer(Trainer):
-    """transformers' Trainer with the training order of ``data.epoch_order`` (no global RNG), and
-    the loss of each step kept for a progress line (``loss_meter``, ``progress.py``)."""
+# what ``MechEvalForCausalLM.answer_states`` takes; a batch with anything else goes through the forward
+ANSWER_STATES_INPUTS = {"input_ids", "labels", "attention_mask", "inputs_embeds"}
 
-    def __init__(self, *args, **kwargs):
+
+class MechEvalTrainer(Trainer):
+    """transformers' Trainer with the training order of ``data.epoch_order`` (no global RNG), the
+    loss of each step kept for a progress line (``loss_meter``, ``progress.py``), and, given an
+    ``answer_summary`` (``evaluation.AnswerSummary``), evaluation that keeps of each batch only
+    (prediction, answer, p(answer)) per answer, the predictions ``compute_answer_metrics`` reads."""
+
+    def __init__(self, *args, answer_summary: AnswerSummary | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.loss_meter = RunningLoss()
+        self.answer_summary = answer_summary
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -56,12 +63,23 @@ class MechEvalTrainer(Trainer):
         return EpochShuffleSampler(len(dataset), data_seed(self.args))
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        summarize = self.answer_summary is not None and not prediction_loss_only and inputs.get("labels") is not None
+        core = self.accelerator.unwrap_model(model)
+        if summarize and hasattr(core, "answer_states") and set(inputs) <= ANSWER_STATES_INPUTS:
+            # ours: the LM head at the answers alone, in pieces, never (batch, k, vocab) logits
+            inputs = self._prepare_inputs(inputs)
+            with torch.no_grad(), self.compute_loss_context_manager():
+                loss, summary = self.answer_summary.of_model(core, inputs)
+            return loss.detach().mean(), summary, inputs["labels"]
         # transformers' own models return their cache beside the logits (ours return none):
         # left in, it would be taken for a second array of predictions
         if ignore_keys is None:
             own = getattr(getattr(model, "config", None), "keys_to_ignore_at_inference", None) or []
             ignore_keys = [*own, "cache", "past_key_values", "cache_params"]
-        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        if summarize:
+            logits = self.answer_summary.of_logits(logits, labels)
+        return loss, logits, labels
 
     def floating_point_ops(self, inputs) -> int:
         # transformers' estimate (6 x tokens x non-embedding parameters, for trainer_state's
