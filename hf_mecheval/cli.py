@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Sequence
 
 from .errors import MechEvalError
@@ -34,6 +35,27 @@ def _seed(text: str) -> int:
     if value > 2**32 - 1:          # transformers.set_seed seeds numpy's legacy generator (32 bits)
         raise argparse.ArgumentTypeError(f"expected a seed below 2**32, got {value}")
     return value
+
+
+def _until(text: str, now: float | None = None) -> float:
+    """``HH:MM`` (local time: its next occurrence, so 01:00 said at 23:00 is tomorrow's) or an ISO
+    date and time (``2026-12-05T06:55``) -> a ``time.time()`` timestamp; a moment past is refused."""
+    import datetime as dt
+
+    now = time.time() if now is None else now
+    try:
+        if len(text) <= 5 and ":" in text:
+            hour, minute = (int(part) for part in text.split(":"))
+            today = dt.datetime.fromtimestamp(now).replace(hour=hour, minute=minute, second=0, microsecond=0)
+            moment = today if today.timestamp() > now else today + dt.timedelta(days=1)
+        else:
+            moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HH:MM or a date and time such as 2026-12-05T06:55, got {text!r}") \
+            from None
+    if moment.timestamp() <= now:
+        raise argparse.ArgumentTypeError(f"{text} is already past")
+    return moment.timestamp()
 
 
 MAX_GRAMMAR_SEEDS = 10_000     # each is a grammar to sample and data to generate: more is a typo
@@ -266,6 +288,8 @@ def _queue(args: argparse.Namespace) -> int:
     grid = GridSettings(n=args.n)
     if args.time_steps and not args.dry_run:
         raise MechEvalError("--time-steps goes with --dry-run (it prices the runs left; it trains nothing)")
+    if args.until is not None and args.dry_run:
+        raise MechEvalError("--until goes without --dry-run (it says which runs a lane starts)")
     if args.dry_run:
         if args.time_steps:
             import torch
@@ -303,8 +327,13 @@ def _queue(args: argparse.Namespace) -> int:
         unpriced = len(rows) - len(by_runs) - len(by_timing)
         print(line + (f"; {unpriced} without one" if unpriced else ""))
         return 0
-    outcome = run_queue(args.file, args.out, threads=args.threads, grid=grid)
+    if args.until is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)          # runs are timed as they train: --threads each
+    outcome = run_queue(args.file, args.out, threads=args.threads, grid=grid, until=args.until)
     print(f"queue: {len(outcome['finished'])} runs finished, {len(outcome['failed'])} failed"
+          + (f", {len(outcome['later'])} left for later (not ending before --until)" if outcome["later"] else "")
           + "".join(f"\nfailed: {name}" for name in outcome["failed"]))
     return 1 if outcome["failed"] else 0
 
@@ -518,6 +547,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --dry-run: price the runs that no finished run is like by timing a few training "
                             "steps of each kind here (at --threads; a minute or more), scaled by what the finished "
                             "runs took beyond their own timed steps")
+    queue.add_argument("--until", type=_until, metavar="TIME",
+                       help="start only runs expected to end before TIME (HH:MM, the next such time, or "
+                            "2026-12-05T06:55): their steps left timed here, with a margin; the others are left "
+                            "for later")
     queue.set_defaults(func=_queue)
 
     from .reports.reproduce import PRESETS as REPRODUCE_PRESETS

@@ -26,6 +26,12 @@ run counts its share of its stack), less the part it has trained already (its la
 With ``--time-steps`` a run that no finished run is like is priced by timing a few of its training
 steps here (``step_timing.py``), scaled by what the finished runs took beyond their timed steps;
 the last lines give each sweep's share and the whole.
+
+``--until TIME`` starts only runs expected to end before TIME, for a machine lent until then whose
+unfinished runs would be lost with it: a run's expected wall time is its training steps left
+times its step timed here, at the moment it would start (``step_timing.py``, once per kind and
+lane), times ``UNTIL_MARGIN``. A run that would not end in time is left for later and the lane
+looks further down the queue; it stops when nothing left fits.
 """
 from __future__ import annotations
 
@@ -51,6 +57,13 @@ from .sweep import Sweep, launch, plan_jobs, run_done, write_results
 
 ENTRY_KEYS = ("sweep", "only")
 STOP_FILE = "queue.stop"
+# --until: a run's wall time over its timed steps (CPU seconds, at the lane's threads): what the
+# steps leave out (evaluation, checkpoints, the intervention grid), a second lane beside it, and a
+# timing's own noise. Measured: Based at width 256 trained at 155 ms a step of wall time in its
+# lane (a second lane and a test run beside it) where its step timed 94-104 ms of CPU beside the
+# same (1.5-1.65x); one kind timed ten minutes apart differed by up to 1.5x. Too short an estimate
+# loses a run with the machine, too long one only starts a shorter run instead: the margin leans long.
+UNTIL_MARGIN = 1.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,19 +258,52 @@ def next_pick(entries: list[Entry], out: Path, grid: GridSettings, skip: set[str
     return None
 
 
+def expected_wall_seconds(pick: Pick, out: Path, steps: dict[str, float | None]) -> float | None:
+    """What a pick should take from its start to its end, for ``--until``: each run's training steps
+    left times its step timed here (``median_step_seconds``; ``steps`` caches one per kind, None for
+    a kind whose step fails to run) times ``UNTIL_MARGIN``; the runs of a stack counted as if
+    trained one after another (stacked, they take less). None where a step could not be timed."""
+    total = 0.0
+    for run in pick.runs:
+        spec = run.checked()
+        key = cost_key(spec.record)
+        if key not in steps:
+            try:
+                steps[key] = median_step_seconds(spec)
+            except (MechEvalError, RuntimeError, ValueError, MemoryError):
+                steps[key] = None
+        if steps[key] is None:
+            return None
+        trained = trained_fraction(run_folder(out, pick.entry.sweep.name, run.name).path)
+        total += steps[key] * run_steps(spec) * (1 - trained)
+    return total * UNTIL_MARGIN
+
+
 def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: GridSettings = GridSettings(),
-              log=sys.stderr) -> dict:
+              log=sys.stderr, until: float | None = None) -> dict:
     """Train the queue's runs until none is left for this process (see the module docstring);
-    returns {"finished": [...], "failed": [...]} of the runs this process took, as ``sweep/run``
-    names (failed: diverged, or not trained: the log named in the line printed says why)."""
+    returns {"finished": [...], "failed": [...], "later": [...]} of the runs this process took, or
+    left because they would not end before ``until`` (a ``time.time()``), as ``sweep/run`` names
+    (failed: diverged, or not trained: the log named in the line printed says why)."""
     out = Path(out)
-    outcome: dict[str, list[str]] = {"finished": [], "failed": []}
+    outcome: dict[str, list[str]] = {"finished": [], "failed": [], "later": []}
     tried: set[str] = set()
+    steps: dict[str, float | None] = {}
     while not (out / STOP_FILE).exists():
-        pick = next_pick(read_queue(path), out, grid, tried)
+        pick = next_pick(read_queue(path), out, grid, tried | set(outcome["later"]))
         if pick is None:
             break
         sweep, names = pick.entry.sweep, [r.name for r in pick.runs]
+        if until is not None:
+            seconds = expected_wall_seconds(pick, out, steps)
+            if seconds is None or time.time() + seconds > until:
+                pick.release()
+                outcome["later"] += [f"{sweep.name}/{name}" for name in names]
+                expected = "its step could not be timed" if seconds is None else f"~{seconds / 3600:.1f} h expected"
+                print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {' '.join(names)} left for later "
+                      f"({expected}, {max(0.0, until - time.time()) / 3600:.1f} h to "
+                      f"{time.strftime('%H:%M', time.localtime(until))})", file=log, flush=True)
+                continue
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {' '.join(names)}", file=log, flush=True)
         try:
             result = launch(sweep, out, workers=1, threads=threads, grid=grid, only=names)

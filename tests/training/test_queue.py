@@ -14,7 +14,8 @@ from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
 from hf_mecheval.runs import RunDir
 from hf_mecheval.runs.files import GridSettings
-from hf_mecheval.training.queue import STOP_FILE, estimate_left, next_pick, read_queue, run_queue, runs_left
+from hf_mecheval.training.queue import (STOP_FILE, UNTIL_MARGIN, estimate_left, next_pick, read_queue, run_queue,
+                                        runs_left)
 
 BASE = {"task_config": {"num_kv": 16, "num_pairs": 2}, "train_size": 64, "eval_size": 32, "max_steps": 4,
         "max_position_embeddings": 16, "eval_strategy": "no", "save_strategy": "no"}
@@ -53,7 +54,7 @@ def test_runs_are_taken_in_the_queues_order_each_once(tmp_path, two_sweeps):
     with open(log, "w") as handle:
         outcome = run_queue(queue_file(tmp_path, [{"sweep": second}, {"sweep": first, "only": ["*_lr1e-03_*"]}],
                                        "two.yaml"), out, grid=GRID, log=handle)
-    assert outcome == {"finished": ["second/based_s0", "first/transformer_lr1e-03_s0"], "failed": []}
+    assert outcome == {"finished": ["second/based_s0", "first/transformer_lr1e-03_s0"], "failed": [], "later": []}
     started = [line.split("queue: ")[1] for line in log.read_text().splitlines() if "finished" not in line]
     assert started == ["second: based_s0", "first: transformer_lr1e-03_s0"]
     for name in outcome["finished"]:
@@ -109,7 +110,7 @@ def test_a_stop_file_stops_a_lane_between_runs(tmp_path, two_sweeps):
     out = tmp_path / "out"
     out.mkdir()
     (out / STOP_FILE).touch()
-    assert run_queue(queue_file(tmp_path, [{"sweep": first}]), out, grid=GRID) == {"finished": [], "failed": []}
+    assert run_queue(queue_file(tmp_path, [{"sweep": first}]), out, grid=GRID) == {"finished": [], "failed": [], "later": []}
     assert not (out / "first" / "runs").exists()
 
 
@@ -129,7 +130,7 @@ def test_the_file_is_read_again_before_every_run(tmp_path, two_sweeps, monkeypat
     outcome = run_queue(queue, tmp_path / "out", grid=GRID, log=open(os.devnull, "w"))
     assert trained == [["transformer_lr0.01_s0"], ["based_s0"]]
     # neither was trained: each failed in this lane, and is not taken again by it
-    assert outcome == {"finished": [], "failed": ["first/transformer_lr0.01_s0", "second/based_s0"]}
+    assert outcome == {"finished": [], "failed": ["first/transformer_lr0.01_s0", "second/based_s0"], "later": []}
 
 
 @pytest.mark.parametrize("content, message", [
@@ -181,7 +182,7 @@ def test_a_run_trained_outside_the_queue_is_left_to_its_process(tmp_path, two_sw
     with locked_folder(busy):                  # as a `mecheval sweep` training it holds it
         busy.joinpath("command.txt").write_text("mecheval train ...")
         outcome = run_queue(queue_file(tmp_path, [{"sweep": first}]), out, grid=GRID, log=open(os.devnull, "w"))
-    assert outcome == {"finished": ["first/transformer_lr1e-03_s0"], "failed": []}
+    assert outcome == {"finished": ["first/transformer_lr1e-03_s0"], "failed": [], "later": []}
 
 
 def test_a_run_refused_with_an_error_is_reported_and_the_lane_goes_on(tmp_path, two_sweeps, monkeypatch):
@@ -323,3 +324,64 @@ def test_a_timed_step_is_a_training_step_of_the_runs_own_model_and_task(tmp_path
     assert all(int((b["labels"] != -100).sum()) >= 8 * 4 for b in batches)       # 4 pairs or more a document
     seconds = median_step_seconds(spec, steps=2, warmup=1)
     assert 0 < seconds < 60
+
+
+def test_until_starts_only_the_runs_that_end_in_time(tmp_path, two_sweeps, monkeypatch):
+    """--until: a run's expected wall time is its steps left x its timed step (once per kind) x
+    UNTIL_MARGIN; one that would end after the deadline is left for later and the lane goes on down
+    the queue; a run half trained counts its half; the lane stops when nothing left fits."""
+    from hf_mecheval.training import queue as module
+
+    first, second = two_sweeps
+    timed, trained = [], []
+
+    def step_seconds(spec):
+        timed.append(spec.model.architecture)
+        return {"transformer": 10.0, "based": 100.0}[spec.model.architecture]
+
+    def launch(sweep, out, **kwargs):
+        trained.append(*kwargs["only"])
+        return {"finished": [], "skipped": [], "in_use": [], "failed": []}
+    monkeypatch.setattr(module, "median_step_seconds", step_seconds)
+    monkeypatch.setattr(module, "launch", launch)
+    monkeypatch.setattr(module, "write_results", lambda sweep, out: None)
+    # 4 steps each: Based 400 s x margin, the Transformer 40 s x margin; 200 s x margin to the deadline
+    monkeypatch.setattr(module, "trained_fraction", lambda path: 0.5 if path.name == "transformer_lr0.01_s0" else 0.0)
+    log = io.StringIO()
+    until = time.time() + 200 * UNTIL_MARGIN
+    outcome = run_queue(queue_file(tmp_path, [{"sweep": second}, {"sweep": first}]), tmp_path / "out", grid=GRID,
+                        log=log, until=until)
+    assert trained == ["transformer_lr0.01_s0", "transformer_lr1e-03_s0"]      # Based (first in the file) skipped
+    assert timed == ["based", "transformer"]                                     # one timing per kind
+    assert outcome["later"] == ["second/based_s0"]
+    assert "based_s0 left for later (~0.2 h expected, 0.1 h to " in log.getvalue()
+    pick = next_pick(read_queue(queue_file(tmp_path, [{"sweep": first}])), tmp_path / "out", GRID, set())
+    seconds = module.expected_wall_seconds(pick, tmp_path / "out", {})
+    pick.release()
+    assert seconds == pytest.approx(10.0 * 4 * 0.5 * UNTIL_MARGIN)               # half trained: half its steps
+    # nothing fits: nothing is trained, everything is left for later
+    trained.clear()
+    outcome = run_queue(queue_file(tmp_path, [{"sweep": second}, {"sweep": first}]), tmp_path / "out", grid=GRID,
+                        log=log, until=time.time() + 1)
+    assert trained == [] and len(outcome["later"]) == 3
+
+
+def test_until_parses_a_time_of_day_or_a_date_and_refuses_the_past(capsys):
+    import datetime as dt
+
+    from hf_mecheval.cli import _until
+
+    now = dt.datetime(2026, 12, 4, 23, 0).timestamp()
+    assert _until("23:30", now) == dt.datetime(2026, 12, 4, 23, 30).timestamp()
+    assert _until("01:00", now) == dt.datetime(2026, 12, 5, 1, 0).timestamp()      # the next 01:00: tomorrow
+    assert _until("2026-12-05T06:55", now) == dt.datetime(2026, 12, 5, 6, 55).timestamp()
+    with pytest.raises(Exception, match="already past"):
+        _until("2026-12-04T22:00", now)
+    for bad in ("7pm", "25:00", "tomorrow"):
+        with pytest.raises(Exception, match="expected HH:MM"):
+            _until(bad, now)
+    with pytest.raises(SystemExit) as stopped:
+        mecheval(["queue", "queue.yaml", "--until", "soon"])
+    assert stopped.value.code == 2 and "expected HH:MM" in capsys.readouterr().err
+    assert mecheval(["queue", "queue.yaml", "--dry-run", "--until", "2999-01-01T00:00"]) == 2
+    assert "--until goes without --dry-run" in capsys.readouterr().err
