@@ -262,7 +262,8 @@ def expected_wall_seconds(pick: Pick, out: Path, steps: dict[str, float | None])
     """What a pick should take from its start to its end, for ``--until``: each run's training steps
     left times its step timed here (``median_step_seconds``; ``steps`` caches one per kind, None for
     a kind whose step fails to run) times ``UNTIL_MARGIN``; the runs of a stack counted as if
-    trained one after another (stacked, they take less). None where a step could not be timed."""
+    trained one after another (stacked, they take less), and a step's CPU seconds counting every
+    thread (at more than one, longer than its wall time). None where a step could not be timed."""
     total = 0.0
     for run in pick.runs:
         spec = run.checked()
