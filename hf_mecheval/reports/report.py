@@ -145,6 +145,12 @@ def run_tick_labels(rows: list[dict]) -> list[str]:
     return out
 
 
+def in_run_order(rows: list[dict]) -> list[dict]:
+    """Rows by model, width, then learning rate and seed as numbers (run names, sorted as text, put
+    1e-04 after 0.01)."""
+    return sorted(rows, key=lambda r: (r["label"], r["hidden_size"], r.get("learning_rate") or 0, r.get("seed") or 0))
+
+
 def figures(rows: list[dict], out: Path) -> list[Path]:
     made = []
     # accuracy: against width where widths vary, else one bar per run
@@ -212,6 +218,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_title(f"@{x} vs @{y} (marker size: accuracy)")
         made.append(save_figure(fig, out / name))
     if with_iv:
+        with_iv = in_run_order(with_iv)
         present = {k for r in with_iv for k in r.get("layer_scores", {})}
         n_layers = 1 + max(int(k.split(".")[1]) for k in present)
         cols = [f"layers.{l}.input@{p}" for l in range(n_layers) for p in POSITIONS if f"layers.{l}.input@{p}" in present]
