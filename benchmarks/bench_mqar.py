@@ -4,9 +4,10 @@ same run, and the sweep's CPU hours estimated from it.
 Each MQAR batch is 32 documents as training serves them (``PaddedTaskDataset``: one batch padded
 to its longest document, labels at every answer), drawn from one setting (seq_len, num_pairs) or
 from a preset's training data in its first epoch's order. The loss runs through the LM head at
-the answer positions only (``MechEvalForCausalLM``: (batch, k, vocab) logits); ``full-logits`` is
-the same model computing the LM head at every position (what transformers' causal LMs do,
-Zoology's loss) as the peer of that path, on the first preset. H3's state size is a preset's
+the answer positions only and, as the Trainer's training step asks (``skip_logits``), returns
+the loss alone; on the first preset two peers of that path: ``with logits``, the same step that
+also returns the (batch, k, vocab) logits (before training skipped them), and ``full-logits``,
+the LM head at every position (what transformers' causal LMs do, Zoology's loss). H3's state size is a preset's
 longest document (as the sweep files set it), its default 1 024 on single settings and ar_32.
 Prints median ms per step (forward + backward + AdamW) and each one's ratio to our Transformer on
 ar_32; with ``--sweep``, the CPU hours of a sweep file's runs from the steps of their preset.
@@ -53,12 +54,17 @@ def setting_task(seq_len: int, pairs: int) -> MQARTask:
     return MQARTask(MQARConfig(train_mixture=setting, eval_mixture=setting))
 
 
-def time_steps(m, optimizer, data, full_logits: bool = False) -> list[float]:
+# how a step gets its loss: as the Trainer trains (the loss alone), with the answers' logits
+# returned too, or with the LM head at every position (output_hidden_states turns the
+# answer-position path off)
+STEP_FORMS = {"loss": {"skip_logits": True}, "with logits": {}, "full-logits": {"output_hidden_states": True}}
+
+
+def time_steps(m, optimizer, data, form: str = "loss") -> list[float]:
     times = []
     for ids, labels in data:
         t0 = time.perf_counter()
-        # output_hidden_states makes the model compute its LM head at every position
-        loss = m(input_ids=ids, labels=labels, output_hidden_states=full_logits).loss
+        loss = m(input_ids=ids, labels=labels, **STEP_FORMS[form]).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -118,15 +124,17 @@ def main() -> None:
                 m = model(arch, vocab, d, longest).train()
                 opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
                 time_steps(m, opt, data[:1])                                  # warm-up
-                cells.append((arch, name, m, opt, data, False))
-            torch.manual_seed(0)
-            m = model(arch, 8192, d, inputs[mixture][1]).train()
-            opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
-            cells.append((arch, f"{mixture}, full-logits", m, opt, inputs[mixture][0], True))
+                cells.append((arch, name, m, opt, data, "loss"))
+            for form in ("with logits", "full-logits"):
+                torch.manual_seed(0)
+                m = model(arch, 8192, d, inputs[mixture][1]).train()
+                opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
+                time_steps(m, opt, inputs[mixture][0][:1], form)              # warm-up
+                cells.append((arch, f"{mixture}, {form}", m, opt, inputs[mixture][0], form))
         samples = {(a, n): [] for a, n, *_ in cells}
         for _ in range(args.rounds):                                          # interleaved: shared noise
-            for arch, name, m, opt, data, full in cells:
-                samples[(arch, name)] += time_steps(m, opt, data, full)
+            for arch, name, m, opt, data, form in cells:
+                samples[(arch, name)] += time_steps(m, opt, data, form)
         print(f"\nhidden {d}: median ms per training step (batch {BATCH}, {args.threads} thread(s)); "
               f"ratio to transformer on ar_32")
         base = statistics.median(samples[("transformer", "ar_32 (peer)")]) if ("transformer", "ar_32 (peer)") in samples else None
@@ -135,8 +143,10 @@ def main() -> None:
             ratio = f"{results[(arch, d, name)] / base:6.1f}x" if base else ""
             print(f"  {arch:<15} {name:<30} {results[(arch, d, name)]:8.1f} {ratio}  (min {min(s):.1f}, max {max(s):.1f})")
         for arch in archs:
-            keep, full = results[(arch, d, mixture)], results[(arch, d, f"{mixture}, full-logits")]
-            print(f"  {arch:<15} full-logits / answer positions on {mixture} = {full / keep:.1f}x")
+            keep = results[(arch, d, mixture)]
+            logits, full = (results[(arch, d, f"{mixture}, {form}")] for form in ("with logits", "full-logits"))
+            print(f"  {arch:<15} on {mixture}: the loss alone / with logits = {keep / logits:.2f}x, "
+                  f"full-logits / the loss alone = {full / keep:.1f}x")
     if args.sweep:
         sweep_hours(args.sweep, {(a, d, n): v for (a, d, n), v in results.items() if n in args.presets})
 

@@ -70,14 +70,15 @@ def scored_positions(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return positions, torch.where(kept, targets.gather(-1, positions), torch.full_like(positions, IGNORE_INDEX))
 
 
-def logits_and_loss_at_answers(lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_and_loss_at_answers(lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor, with_logits: bool = True
+                               ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """h (B, k, D) at each row's scored positions, targets (B, k) as ``scored_positions`` gives them
-    -> (logits (B, k, V), the mean cross entropy over the scored slots). A row with fewer answers
-    than k is padded with position 0, so its padding slots share one hidden state: the LM head runs
-    once per scored slot and once per padded row, and a padding slot's logits are its row's. (In
-    MQAR's mixed batches 44 % of the slots are padding, and the head and the loss over every slot
-    were about a third of Mamba's training step at width 64.)"""
+    -> (logits (B, k, V), or None without ``with_logits``; the mean cross entropy over the scored
+    slots). A row with fewer answers than k is padded with position 0, so its padding slots share
+    one hidden state: the LM head runs once per scored slot and once per padded row, and a padding
+    slot's logits are its row's. (In MQAR's mixed batches 44 % of the slots are padding, and the
+    head and the loss over every slot were about a third of Mamba's training step at width 64.
+    The (B, k, V) copy of the logits, which a training step skips, is 1-2 % of its step.)"""
     B, k, _ = h.shape
     scored = targets != IGNORE_INDEX                                           # (B, k): scored slots first
     first_pad = scored.sum(1, keepdim=True).clamp(max=k - 1).expand(B, k)       # (B, k)
@@ -86,7 +87,7 @@ def logits_and_loss_at_answers(lm_head: nn.Module, h: torch.Tensor, targets: tor
     rows, inverse = torch.unique(source.flatten(), return_inverse=True)        # (R,), (B * k,)
     logits = lm_head(h.flatten(0, 1)[rows])                                    # (R, V)
     loss = F.cross_entropy(logits.float(), targets.flatten()[rows], ignore_index=IGNORE_INDEX)
-    return logits[inverse].unflatten(0, (B, k)), loss
+    return (logits[inverse].unflatten(0, (B, k)) if with_logits else None), loss
 
 
 # Rows grouped by the tokens they need ------------------------------------------------------
@@ -556,17 +557,21 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
                 logits_to_keep: int | torch.Tensor = 0, inputs_embeds: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, cache: RecurrentCache | None = None,
                 use_cache: bool | None = None, output_hidden_states: bool | None = None,
-                output_attentions: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                output_attentions: bool | None = None, skip_logits: bool = False, **kwargs) -> CausalLMOutputWithPast:
         """labels (B, L): position t is scored on labels[t + 1] (-100 = not scored); or keyword
         ``shift_labels`` (B, L), already shifted: position t on shift_labels[t] (as transformers'
         loss takes them; they win over labels). Not a named parameter: the Trainer would take it
-        for a label column it must gather."""
+        for a label column it must gather. ``skip_logits``: the loss alone, ``logits`` None (a
+        training step reads nothing else; with several answers a row the (B, k, V) logits are a
+        copy the loss never needed)."""
         loss, keep = None, None
         shift_labels = kwargs.pop("shift_labels", None)
         output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         use_cache = self.config.use_cache if use_cache is None else use_cache
         # targets[:, t]: what position t is scored on
         targets = shift_labels if shift_labels is not None else None if labels is None else labels[:, 1:]
+        if skip_logits and targets is None:
+            raise MechEvalError("skip_logits=True returns the loss alone, so it needs labels (or shift_labels)")
         kept_targets = None
         if targets is not None and not output_hidden_states and not use_cache and cache is None:
             # with one scored position per row (the tasks' answer-only loss) only that position
@@ -581,7 +586,8 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         h = out.last_hidden_state                                              # (B, L or k, D)
         if kept_targets is not None:
-            logits, loss = logits_and_loss_at_answers(self.lm_head, h, kept_targets)   # logits (B, k, V)
+            logits, loss = logits_and_loss_at_answers(self.lm_head, h, kept_targets,   # logits (B, k, V)
+                                                      with_logits=not skip_logits)
         elif keep is not None:
             logits = self.lm_head(h)                                           # (B, 1, V)
             loss = F.cross_entropy(logits[:, 0].float(), targets.gather(1, keep)[:, 0])
@@ -591,6 +597,8 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(scored.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         else:
             logits = self.lm_head(slice_logits_to_keep(h, logits_to_keep))
+        if skip_logits:
+            logits = None
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states,
                                       attentions=out.attentions)
 

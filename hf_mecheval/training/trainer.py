@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
+import inspect
 import json
 import math
 import pickle
@@ -57,6 +58,19 @@ class MechEvalTrainer(Trainer):
     def step_losses(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss of this step as a progress line shows it (a stack: one per copy)."""
         return loss
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        # a training step reads the loss alone: ours skip the logits where they would be a copy
+        # (MQAR's (batch, k, vocab)); an evaluation (return_outputs) still gets them
+        if not return_outputs and "skip_logits" in self._forward_parameters(model):
+            inputs = {**inputs, "skip_logits": True}
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _forward_parameters(self, model) -> frozenset:
+        if getattr(self, "_forward_parameter_names", None) is None:
+            core = self.accelerator.unwrap_model(model)
+            self._forward_parameter_names = frozenset(inspect.signature(core.forward).parameters)
+        return self._forward_parameter_names
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset

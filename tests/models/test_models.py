@@ -97,6 +97,29 @@ def test_several_answers_per_row_equal_full_cross_entropy(arch):
     wanted = torch.autograd.grad(want, list(model.parameters()), allow_unused=True)
     for g, w in zip(grads, wanted):
         assert (g is None) == (w is None) and (g is None or torch.allclose(g, w, atol=1e-6))
+    # the loss alone (a training step): the same loss and gradients, no logits, the head as often
+    seen.clear()
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    alone = model(ids, labels=labels, skip_logits=True)
+    handle.remove()
+    assert alone.logits is None and seen == [(13, model.config.hidden_size)]
+    assert torch.equal(alone.loss, out.loss)
+    for g, w in zip(torch.autograd.grad(alone.loss, list(model.parameters()), allow_unused=True), grads):
+        assert (g is None) == (w is None) and (g is None or torch.equal(g, w))
+
+
+@pytest.mark.parametrize("answers", [{0: [5], 1: [9], 2: [11], 3: [7]}, {0: [4, 6], 1: [11], 2: [2, 8], 3: [3]}],
+                         ids=["one answer a row", "several"])
+def test_skip_logits_gives_the_loss_alone(answers):
+    model = tiny("mamba")
+    ids = torch.randint(3, 11, (4, 12))
+    labels = torch.full_like(ids, -100)
+    for row, positions in answers.items():
+        labels[row, positions] = ids[row, positions]
+    out, alone = model(ids, labels=labels), model(ids, labels=labels, skip_logits=True)
+    assert out.logits is not None and alone.logits is None and torch.equal(alone.loss, out.loss)
+    with pytest.raises(MechEvalError, match="skip_logits=True returns the loss alone, so it needs labels"):
+        model(ids, skip_logits=True)
 
 
 def brute_force_groups(needed, call_tokens):

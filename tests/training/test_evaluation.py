@@ -2,6 +2,7 @@
 (``AnswerSummary.of_model``), checked for every architecture against the summary of the model's
 full forward (logits at every position); the summary's arithmetic by hand; the Trainer's
 evaluation through it, without ever padding the logits out to every row's k slots."""
+import inspect
 import json
 
 import pytest
@@ -151,3 +152,46 @@ def test_the_trainers_evaluation_never_pads_the_logits_out(tmp_path, monkeypatch
     assert got["eval_answer_prob"] == pytest.approx(want["eval_answer_prob"], abs=1e-6)
     assert got["eval_loss"] == pytest.approx(want["eval_loss"], abs=1e-5)
     json.dumps(got)                                                        # plain numbers, as metrics.json takes them
+
+
+def test_a_training_step_asks_for_the_loss_alone_and_trains_the_same(tmp_path, monkeypatch):
+    """The Trainer's training steps call our forward with ``skip_logits`` (no (batch, k, vocab)
+    copy of the logits); its evaluation does not; the weights after three steps are the same bits
+    as when every step makes the logits."""
+    task = build_task("mqar_cpu", vocab_size=32, train_mixture=[[8, 2, 1], [12, 3, 1]],
+                      eval_mixture=[[8, 2, 1], [12, 3, 1]])
+    data = PaddedTaskDataset(task.generate(24, "train", seed=0))
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=3, report_to=[],
+                             use_cpu=True, disable_tqdm=True, remove_unused_columns=False, save_strategy="no",
+                             logging_strategy="no", learning_rate=1e-2)
+    calls = []
+    forward = modeling.MechEvalForCausalLM.forward
+
+    def spy(self, *a, **kw):
+        out = forward(self, *a, **kw)
+        calls.append((kw.get("skip_logits", False), out.logits is None))
+        return out
+
+    monkeypatch.setattr(modeling.MechEvalForCausalLM, "forward", spy)
+    monkeypatch.setattr(modeling.MechEvalForCausalLM.forward, "__signature__", inspect.signature(forward),
+                        raising=False)
+
+    def trained():
+        torch.manual_seed(0)
+        model = build_model("mamba", vocab_size=task.vocab_size, hidden_size=16, num_hidden_layers=2)
+        MechEvalTrainer(model=model, args=args, train_dataset=data, data_collator=batch_collator).train()
+        return model
+
+    skipping = trained()
+    assert calls == [(True, True)] * 3
+    calls.clear()
+    with monkeypatch.context() as mp:                   # as for a forward without skip_logits
+        mp.setattr(MechEvalTrainer, "_forward_parameters", lambda self, model: frozenset())
+        making = trained()
+    assert calls == [(False, False)] * 3
+    for (name, a), b in zip(skipping.named_parameters(), making.parameters()):
+        assert torch.equal(a, b), name
+    calls.clear()
+    evaluation = MechEvalTrainer(model=skipping, args=args, eval_dataset=data, data_collator=batch_collator)
+    evaluation.evaluate()
+    assert calls and all(call == (False, False) for call in calls)
