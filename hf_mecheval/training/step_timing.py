@@ -3,8 +3,8 @@
 
 A few training steps of the run's own model (freshly initialised, its seed) on batches of its own
 task, served as the Trainer serves them (``PaddedTaskDataset``: a batch padded to its longest
-document; the first epoch's order), each one forward, backward, gradient clipping and an AdamW
-step. It leaves out what the Trainer adds around the steps (periodic evaluation, logging,
+document; the first epoch's order), each one forward (the loss alone, as the Trainer asks),
+backward, gradient clipping and an AdamW step. It leaves out what the Trainer adds around the steps (periodic evaluation, logging,
 checkpoints): the dry run measures that share on the finished runs it can time, and scales by it.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import torch
 
 from .data import PaddedTaskDataset, epoch_order
-from .trainer import build_run_model, data_seed
+from .trainer import build_run_model, data_seed, takes_skip_logits
 
 
 def run_steps(spec) -> int:
@@ -48,10 +48,11 @@ def median_step_seconds(spec, steps: int = 5, warmup: int = 2) -> float:
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay,
                                   betas=(training.adam_beta1, training.adam_beta2), eps=training.adam_epsilon,
                                   fused=fused or None)
+    loss_only = {"skip_logits": True} if takes_skip_logits(model) else {}      # as the Trainer's steps ask
     seconds = []
     for i, batch in enumerate(batches):
         start = time.process_time()
-        model(**batch).loss.backward()
+        model(**batch, **loss_only).loss.backward()
         if training.max_grad_norm and training.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), training.max_grad_norm)
         optimizer.step()

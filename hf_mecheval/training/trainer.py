@@ -37,6 +37,11 @@ from .progress import RunningLoss
 ANSWER_STATES_INPUTS = {"input_ids", "labels", "attention_mask", "inputs_embeds"}
 
 
+def takes_skip_logits(model) -> bool:
+    """Whether ``model``'s forward returns the loss alone when asked (``skip_logits``: ours)."""
+    return "skip_logits" in inspect.signature(model.forward).parameters
+
+
 class MechEvalTrainer(Trainer):
     """transformers' Trainer with the training order of ``data.epoch_order`` (no global RNG), the
     loss of each step kept for a progress line (``loss_meter``, ``progress.py``), and, given an
@@ -62,15 +67,11 @@ class MechEvalTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # a training step reads the loss alone: ours skip the logits where they would be a copy
         # (MQAR's (batch, k, vocab)); an evaluation (return_outputs) still gets them
-        if not return_outputs and "skip_logits" in self._forward_parameters(model):
+        if not return_outputs and getattr(self, "_takes_skip_logits", None) is None:
+            self._takes_skip_logits = takes_skip_logits(self.accelerator.unwrap_model(model))
+        if not return_outputs and self._takes_skip_logits:
             inputs = {**inputs, "skip_logits": True}
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-    def _forward_parameters(self, model) -> frozenset:
-        if getattr(self, "_forward_parameter_names", None) is None:
-            core = self.accelerator.unwrap_model(model)
-            self._forward_parameter_names = frozenset(inspect.signature(core.forward).parameters)
-        return self._forward_parameter_names
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset

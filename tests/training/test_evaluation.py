@@ -17,6 +17,7 @@ from hf_mecheval.tasks import build_task
 from hf_mecheval.training import evaluation
 from hf_mecheval.training.data import PaddedTaskDataset, batch_collator
 from hf_mecheval.training.evaluation import AnswerSummary, compute_answer_metrics, head_summary, summary_rows
+from hf_mecheval.training import trainer as trainer_module
 from hf_mecheval.training.trainer import MechEvalTrainer
 
 ARCHS = [name for name, spec in ARCHITECTURES.items() if spec.builtin]
@@ -186,7 +187,7 @@ def test_a_training_step_asks_for_the_loss_alone_and_trains_the_same(tmp_path, m
     assert calls == [(True, True)] * 3
     calls.clear()
     with monkeypatch.context() as mp:                   # as for a forward without skip_logits
-        mp.setattr(MechEvalTrainer, "_forward_parameters", lambda self, model: frozenset())
+        mp.setattr(trainer_module, "takes_skip_logits", lambda model: False)
         making = trained()
     assert calls == [(False, False)] * 3
     for (name, a), b in zip(skipping.named_parameters(), making.parameters()):
