@@ -52,7 +52,8 @@ from ..runs import RunDir
 from ..runs.files import GridSettings, run_seconds
 from ..runs.run_dir import checkpoints, fingerprint
 from .jobs import Run
-from .step_timing import median_step_seconds, run_steps
+from .launchers import plan_workers
+from .step_timing import median_step_seconds, run_steps, step_wall_seconds
 from .sweep import Sweep, launch, plan_jobs, run_done, write_results
 
 ENTRY_KEYS = ("sweep", "only")
@@ -258,19 +259,19 @@ def next_pick(entries: list[Entry], out: Path, grid: GridSettings, skip: set[str
     return None
 
 
-def expected_wall_seconds(pick: Pick, out: Path, steps: dict[str, float | None]) -> float | None:
+def expected_wall_seconds(pick: Pick, out: Path, steps: dict[str, float | None], threads: int = 1) -> float | None:
     """What a pick should take from its start to its end, for ``--until``: each run's training steps
-    left times its step timed here (``median_step_seconds``; ``steps`` caches one per kind, None for
-    a kind whose step fails to run) times ``UNTIL_MARGIN``; the runs of a stack counted as if
-    trained one after another (stacked, they take less), and a step's CPU seconds counting every
-    thread (at more than one, longer than its wall time). None where a step could not be timed."""
+    left times its step timed here at the lane's ``threads`` (``step_wall_seconds``; ``steps``
+    caches one per kind, None for a kind whose step fails to run) times ``UNTIL_MARGIN``; the runs
+    of a stack counted as if trained one after another (stacked, they take less). None where a
+    step could not be timed."""
     total = 0.0
     for run in pick.runs:
         spec = run.checked()
         key = cost_key(spec.record)
         if key not in steps:
             try:
-                steps[key] = median_step_seconds(spec)
+                steps[key] = step_wall_seconds(spec, threads)
             except (MechEvalError, RuntimeError, ValueError, MemoryError):
                 steps[key] = None
         if steps[key] is None:
@@ -296,7 +297,7 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
             break
         sweep, names = pick.entry.sweep, [r.name for r in pick.runs]
         if until is not None:
-            seconds = expected_wall_seconds(pick, out, steps)
+            seconds = expected_wall_seconds(pick, out, steps, plan_workers(1, threads)[1])
             if seconds is None or time.time() + seconds > until:
                 pick.release()
                 outcome["later"] += [f"{sweep.name}/{name}" for name in names]

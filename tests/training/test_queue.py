@@ -335,14 +335,14 @@ def test_until_starts_only_the_runs_that_end_in_time(tmp_path, two_sweeps, monke
     first, second = two_sweeps
     timed, trained = [], []
 
-    def step_seconds(spec):
-        timed.append(spec.model.architecture)
+    def step_seconds(spec, threads):
+        timed.append((spec.model.architecture, threads))
         return {"transformer": 10.0, "based": 100.0}[spec.model.architecture]
 
     def launch(sweep, out, **kwargs):
         trained.append(*kwargs["only"])
         return {"finished": [], "skipped": [], "in_use": [], "failed": []}
-    monkeypatch.setattr(module, "median_step_seconds", step_seconds)
+    monkeypatch.setattr(module, "step_wall_seconds", step_seconds)
     monkeypatch.setattr(module, "launch", launch)
     monkeypatch.setattr(module, "write_results", lambda sweep, out: None)
     # 4 steps each: Based 400 s x margin, the Transformer 40 s x margin; 200 s x margin to the deadline
@@ -352,18 +352,37 @@ def test_until_starts_only_the_runs_that_end_in_time(tmp_path, two_sweeps, monke
     outcome = run_queue(queue_file(tmp_path, [{"sweep": second}, {"sweep": first}]), tmp_path / "out", grid=GRID,
                         log=log, until=until)
     assert trained == ["transformer_lr0.01_s0", "transformer_lr1e-03_s0"]      # Based (first in the file) skipped
-    assert timed == ["based", "transformer"]                                     # one timing per kind
+    assert timed == [("based", 1), ("transformer", 1)]                           # one timing per kind, at --threads
     assert outcome["later"] == ["second/based_s0"]
     assert "based_s0 left for later (~0.2 h expected, 0.1 h to " in log.getvalue()
     pick = next_pick(read_queue(queue_file(tmp_path, [{"sweep": first}])), tmp_path / "out", GRID, set())
-    seconds = module.expected_wall_seconds(pick, tmp_path / "out", {})
+    seconds = module.expected_wall_seconds(pick, tmp_path / "out", {}, threads=2)
     pick.release()
     assert seconds == pytest.approx(10.0 * 4 * 0.5 * UNTIL_MARGIN)               # half trained: half its steps
+    assert timed[-1] == ("transformer", 2)
     # nothing fits: nothing is trained, everything is left for later
     trained.clear()
     outcome = run_queue(queue_file(tmp_path, [{"sweep": second}, {"sweep": first}]), tmp_path / "out", grid=GRID,
                         log=log, until=time.time() + 1)
     assert trained == [] and len(outcome["later"]) == 3
+
+
+def test_a_steps_wall_time_at_n_threads_is_its_cpu_seconds_at_n_shared_out(monkeypatch):
+    import torch
+
+    from hf_mecheval.training import step_timing
+
+    seen = []
+
+    def cpu_seconds(spec):                       # CPU seconds that grow with the threads, as they do
+        seen.append(torch.get_num_threads())
+        return 0.1 * torch.get_num_threads() ** 0.5
+
+    monkeypatch.setattr(step_timing, "median_step_seconds", cpu_seconds)
+    before = torch.get_num_threads()
+    assert step_timing.step_wall_seconds(None, 2) == pytest.approx(0.1 * 2 ** 0.5 / 2)
+    assert step_timing.step_wall_seconds(None, 1) == pytest.approx(0.1)
+    assert seen == [2, 1] and torch.get_num_threads() == before
 
 
 def test_until_parses_a_time_of_day_or_a_date_and_refuses_the_past(capsys):
