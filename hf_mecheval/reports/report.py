@@ -146,9 +146,10 @@ def run_tick_labels(rows: list[dict]) -> list[str]:
 
 
 def in_run_order(rows: list[dict]) -> list[dict]:
-    """Rows by model, width, then learning rate and seed as numbers (run names, sorted as text, put
-    1e-04 after 0.01)."""
-    return sorted(rows, key=lambda r: (r["label"], r["hidden_size"], r.get("learning_rate") or 0, r.get("seed") or 0))
+    """Rows by task, model, width, then learning rate and seed as numbers (run names, sorted as
+    text, put 1e-04 after 0.01)."""
+    return sorted(rows, key=lambda r: (str(r.get("task") or ""), r["label"], r["hidden_size"],
+                                       r.get("learning_rate") or 0, r.get("seed") or 0))
 
 
 def figures(rows: list[dict], out: Path) -> list[Path]:

@@ -186,6 +186,12 @@ def test_the_layer_heatmap_orders_runs_by_rate_as_a_number_not_by_run_name():
     order = [(r["label"], r["hidden_size"], r["learning_rate"], r["seed"]) for r in in_run_order(rows)]
     assert order == [("based", 64, 1e-3, 0), ("based", 64, 1e-3, 1), ("based", 256, 1e-4, 0), ("based", 256, 1e-3, 0),
                      ("based", 256, 3e-3, 0), ("based", 256, 0.01, 0), ("mamba (conv 4)", 64, 1e-2, None)]
+    # several tasks: each task's runs together, in that order within it
+    tasks = [{"task": task, "label": label, "hidden_size": 64, "learning_rate": 1e-3, "seed": 0}
+             for task, label in (("atr_gen", "mamba"), ("atr_easy", "transformer"), ("atr_easy", "mamba"),
+                                 ("atr_gen", "transformer"))]
+    assert [(r["task"], r["label"]) for r in in_run_order(tasks)] == [
+        ("atr_easy", "mamba"), ("atr_easy", "transformer"), ("atr_gen", "mamba"), ("atr_gen", "transformer")]
 
 
 def test_bars_of_runs_on_several_tasks_name_the_task():
