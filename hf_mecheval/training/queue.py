@@ -291,13 +291,14 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
     outcome: dict[str, list[str]] = {"finished": [], "failed": [], "later": []}
     tried: set[str] = set()
     steps: dict[str, float | None] = {}
+    lane_threads = plan_workers(1, threads)[1]          # what each training here runs at (None: every core)
     while not (out / STOP_FILE).exists():
         pick = next_pick(read_queue(path), out, grid, tried | set(outcome["later"]))
         if pick is None:
             break
         sweep, names = pick.entry.sweep, [r.name for r in pick.runs]
         if until is not None:
-            seconds = expected_wall_seconds(pick, out, steps, plan_workers(1, threads)[1])
+            seconds = expected_wall_seconds(pick, out, steps, lane_threads)
             if seconds is None or time.time() + seconds > until:
                 pick.release()
                 outcome["later"] += [f"{sweep.name}/{name}" for name in names]

@@ -52,6 +52,7 @@ class MechEvalTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.loss_meter = RunningLoss()
         self.answer_summary = answer_summary
+        self._loss_only: dict | None = None       # what a training step adds to its inputs (at the first)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -67,10 +68,10 @@ class MechEvalTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # a training step reads the loss alone: ours skip the logits where they would be a copy
         # (MQAR's (batch, k, vocab)); an evaluation (return_outputs) still gets them
-        if not return_outputs and getattr(self, "_takes_skip_logits", None) is None:
-            self._takes_skip_logits = takes_skip_logits(self.accelerator.unwrap_model(model))
-        if not return_outputs and self._takes_skip_logits:
-            inputs = {**inputs, "skip_logits": True}
+        if not return_outputs:
+            if self._loss_only is None:
+                self._loss_only = {"skip_logits": True} if takes_skip_logits(self.accelerator.unwrap_model(model)) else {}
+            inputs = {**inputs, **self._loss_only}
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _get_train_sampler(self, train_dataset=None):
