@@ -124,11 +124,10 @@ def compute_answer_metrics(prediction) -> dict[str, float]:
     return {"accuracy": float(right.mean()), "answer_prob": float(prob.mean())}
 
 
-def multi_query_breakdowns(trainer, dataset) -> dict[str, list[dict]]:
-    """From one prediction pass of ``trainer`` over ``dataset`` (a multi-query
-    ``PaddedTaskDataset``, in order): ``test_by_setting`` (``accuracy_by_setting``) and
-    ``test_by_key_position`` (``accuracy_by_key_position``)."""
-    summary = trainer.predict(dataset, metric_key_prefix="by_setting").predictions
+def multi_query_breakdowns(summary: np.ndarray, dataset) -> dict[str, list[dict]]:
+    """From a prediction pass over ``dataset`` (a multi-query ``PaddedTaskDataset``, in order):
+    summary (N, k, 3) as ``AnswerSummary`` gives it -> ``test_by_setting``
+    (``accuracy_by_setting``) and ``test_by_key_position`` (``accuracy_by_key_position``)."""
     return {"test_by_setting": accuracy_by_setting(summary, dataset.document_columns),
             "test_by_key_position": accuracy_by_key_position(summary, dataset.query_key_positions)}
 

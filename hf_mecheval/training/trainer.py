@@ -201,7 +201,11 @@ def padded_splits(data: dict, run_args: RunArguments) -> dict:
 def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None = None) -> dict:
     """Final validation and test metrics, then the model, trainer state, metrics.json (last) and card."""
     validation = trainer.evaluate(splits["validation"], metric_key_prefix="eval")   # always at the final step
-    test = trainer.evaluate(splits["test"], metric_key_prefix="test")
+    # the test split in one prediction pass: its metrics (logged as ``evaluate`` logs them) and, for
+    # MQAR, the per-setting breakdowns come from the same per-answer summary
+    prediction = trainer.predict(splits["test"], metric_key_prefix="test")
+    test = prediction.metrics
+    trainer.log(test)
     final = {
         "validation_accuracy": validation["eval_accuracy"], "validation_answer_prob": validation["eval_answer_prob"],
         "validation_loss": validation["eval_loss"], "test_accuracy": test["test_accuracy"],
@@ -217,7 +221,7 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
     seen = trainer.evaluate(splits["train_head"], metric_key_prefix="train_head")
     final.update(train_head_size=len(splits["train_head"]), train_head_accuracy=seen["train_head_accuracy"])
     if splits["test"].multi_query:     # MQAR: test accuracy per setting (as Zoology slices it) and by key position
-        final.update(multi_query_breakdowns(trainer, splits["test"]))
+        final.update(multi_query_breakdowns(prediction.predictions, splits["test"]))
     failure = run_failure(trainer.model, final)
     if failure:
         final["failed"] = failure
