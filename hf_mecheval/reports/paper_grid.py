@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import MechEvalError
 from ..training.sweep import Sweep
-from ..runs.files import run_seconds
+from ..runs.files import run_cost, run_seconds
 from .report import model_label
 from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
                                 REFERENCE_RECIPE, Selection, _order, _table, _width, recipe)
@@ -334,14 +334,18 @@ def compute_table(results: dict[str, list[dict]]) -> str:
 
 def run_cost_table(rows: list[dict]) -> str:
     """What one 50 016-step AR run costs, per architecture and width: the median wall and CPU
-    minutes of its runs that trained in one segment with one thread (beside one other run, as
-    the sweeps run), and how many runs that median is of; a run trained in a stack counts its
-    share of the stack's time (``runs.files.run_seconds``)."""
-    groups: dict[tuple, list[dict]] = {}
+    minutes of its runs at one thread (beside one other run, as the sweeps run), and how many
+    runs that median is of; where a cell has none, of its runs at two threads (a lane with the
+    machine's two cores, marked so). A run's cost at a thread count is read from its segments at
+    that count (``runs.files.run_cost``); a run trained in a stack counts its share of the stack's."""
+    costs: dict[tuple, dict[int, list[tuple[float, float]]]] = {}
     for r in rows:
-        if r.get("threads") == 1 and r.get("train_segments") == 1 and r.get("train_cpu_seconds") \
-                and round(r.get("epochs") or 0) == 16:
-            groups.setdefault((r["label"], r["hidden_size"]), []).append(r)
+        if round(r.get("epochs") or 0) != 16:
+            continue
+        for threads in (1, 2):
+            cost = run_cost(r, threads)
+            if cost is not None:
+                costs.setdefault((r["label"], r["hidden_size"]), {}).setdefault(threads, []).append(cost)
 
     def median(values):
         values = sorted(values)
@@ -349,13 +353,17 @@ def run_cost_table(rows: list[dict]) -> str:
         return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
     lines = []
-    for label in sorted({k[0] for k in groups}, key=_order):
+    for label in sorted({k[0] for k in costs}, key=_order):
         cells = []
         for width in WIDTHS:
-            rs = groups.get((label, width))
-            cells.append(f"{median([run_seconds(r) for r in rs]) / 60:.0f} / "
-                         f"{median([run_seconds(r, 'train_cpu_seconds') for r in rs]) / 60:.0f} ({len(rs)})"
-                         if rs else "—")
+            by_threads = costs.get((label, width), {})
+            threads = min(by_threads, default=None)
+            if threads is None:
+                cells.append("—")
+                continue
+            runs = by_threads[threads]
+            cells.append(f"{median([wall for wall, _ in runs]) / 60:.0f} / {median([cpu for _, cpu in runs]) / 60:.0f} "
+                         f"({len(runs)}{'' if threads == 1 else f', {threads} threads'})")
         lines.append([label] + cells)
     return _table(["model"] + [f"width {d}: wall / CPU min (runs)" for d in WIDTHS], lines)
 

@@ -95,7 +95,8 @@ def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict 
                "train_seconds": _train_seconds(metrics)}
         # written by runs since the wall clock and the test head exist (training.callbacks.TrainingClock)
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_head_size", "train_head_accuracy",
-                    "train_wall_seconds", "train_cpu_seconds", "train_segments", "threads", "stack_size",
+                    "train_wall_seconds", "train_cpu_seconds", "train_segments", "train_segment_times",
+                    "threads", "stack_size", "global_step",
                     "test_by_setting", "test_by_key_position"):
             if key in final:
                 row[key] = final[key]

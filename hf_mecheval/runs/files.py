@@ -43,6 +43,27 @@ def run_seconds(row: dict, key: str = "train_wall_seconds") -> float | None:
     return None if not seconds else seconds / (row.get("stack_size") or 1)
 
 
+def run_cost(row: dict, threads: int) -> tuple[float, float] | None:
+    """What training the whole run took at ``threads`` threads, as (wall, CPU) seconds, its own
+    share where it trained in a stack (``run_seconds``): from its segments at that thread count
+    (``train_segment_times``, ``training.callbacks.TrainingClock``), at their own rate over all
+    its steps where other segments trained at another count or unknown ones; None where those
+    segments trained less than half its steps. A run from before segments were timed one by one
+    counts where it trained in one segment at ``threads``: its totals."""
+    times, total = row.get("train_segment_times"), row.get("global_step")
+    if not isinstance(times, list):
+        if row.get("threads") == threads and row.get("train_segments") == 1 and row.get("train_cpu_seconds"):
+            return run_seconds(row), run_seconds(row, "train_cpu_seconds")
+        return None
+    known = [t for t in times if isinstance(t, dict) and t.get("threads") == threads
+             and all(isinstance(t.get(k), (int, float)) and t[k] > 0 for k in ("steps", "wall_seconds", "cpu_seconds"))]
+    steps = sum(t["steps"] for t in known)
+    if not isinstance(total, int) or total <= 0 or 2 * steps < total:
+        return None
+    scale = total / steps / (row.get("stack_size") or 1)
+    return sum(t["wall_seconds"] for t in known) * scale, sum(t["cpu_seconds"] for t in known) * scale
+
+
 MAX_LAYERS = 10_000       # far beyond any model here; a larger layer index in a grid is a damaged file
 
 

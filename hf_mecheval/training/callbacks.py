@@ -127,12 +127,17 @@ class TrainingClock(TrainerCallback):
     its threads), which a paused process (``kill -STOP``) or one waiting for a busy core does not
     accumulate. Each checkpoint gets ``wall_time.json`` with the figures so far, and a resumed run
     starts from its checkpoint's. The code each segment ran (``runs.code_version``) is kept the
-    same way: a run resumed with other code says so in metrics.json's ``train_code``."""
+    same way: a run resumed with other code says so in metrics.json's ``train_code``. So is each
+    segment's own time (``train_segment_times``: its steps, wall and CPU seconds, threads), since
+    the segments of one run may train at different thread counts: what a run costs at one
+    thread count is read from its segments at that count (``runs.files.run_cost``). The steps a
+    segment trained past its run's last checkpoint are lost with it and counted nowhere."""
 
     FILE = "wall_time.json"
 
     def __init__(self, resumed_from: str | None = None):
         self.before, self.cpu_before, self.segments, code_before = 0.0, 0.0, 1, []
+        self.earlier_segments: list[dict] = []        # the segments before this one (``segment_times``)
         if resumed_from is not None and (Path(resumed_from) / self.FILE).exists():
             try:
                 saved = json.loads((Path(resumed_from) / self.FILE).read_text())
@@ -140,12 +145,15 @@ class TrainingClock(TrainerCallback):
                 # None: a checkpoint from before CPU time was kept, whose CPU time is unknown
                 self.cpu_before = None if saved.get("cpu_seconds") is None else float(saved["cpu_seconds"])
                 code_before = saved.get("code") if isinstance(saved.get("code"), list) else []
+                self.earlier_segments = _earlier_segments(saved, resumed_from, self.segments - 1)
             except (OSError, ValueError, KeyError, TypeError):   # damaged: the time before is unknown
                 self.segments, self.cpu_before = 2, None
+                self.earlier_segments = [_unknown_segment()]
         # one entry per segment; None for a segment whose code is unknown (a checkpoint from before it was kept)
         code_before = code_before[:self.segments - 1]
         self.code = [None] * (self.segments - 1 - len(code_before)) + code_before + [code_version()]
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.first_step = self.last_step = None        # this segment's steps: set by the Trainer's callbacks
 
     @property
     def seconds(self) -> float:
@@ -155,8 +163,22 @@ class TrainingClock(TrainerCallback):
     def cpu_seconds(self) -> float | None:
         return None if self.cpu_before is None else self.cpu_before + time.process_time() - self.cpu_started
 
+    def segment_times(self) -> list[dict]:
+        """One entry per segment, this one last: {"steps", "wall_seconds", "cpu_seconds", "threads"},
+        None where a segment's figure is unknown (its checkpoint predates it)."""
+        import torch
+
+        steps = None if self.first_step is None else self.last_step - self.first_step
+        this = {"steps": steps, "wall_seconds": round(time.perf_counter() - self.started, 1),
+                "cpu_seconds": round(time.process_time() - self.cpu_started, 1), "threads": torch.get_num_threads()}
+        return [*self.earlier_segments, this]
+
     def on_train_begin(self, args, state, control, **kwargs):
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.first_step = self.last_step = state.global_step           # a resumed run: its checkpoint's step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.last_step = state.global_step
 
     def on_save(self, args, state, control, **kwargs):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -164,16 +186,39 @@ class TrainingClock(TrainerCallback):
             # recorded relative to the run folder (``args.output_dir`` may be relative to the current one)
             write_run_file(args.output_dir, f"{checkpoint.name}/{self.FILE}", json.dumps(
                 {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "segments": self.segments,
-                 "code": self.code}))
+                 "code": self.code, "segment_times": self.segment_times()}))
 
     def summary(self) -> dict:
         """What metrics.json records: wall and CPU seconds of training (CPU: None when a segment's
-        is unknown), the segments it took, the threads, the code of each segment."""
+        is unknown), the segments it took, the threads, the code and the times of each segment."""
         import torch
 
         cpu = self.cpu_seconds
         return {"train_wall_seconds": round(self.seconds, 1), "train_cpu_seconds": None if cpu is None else round(cpu, 1),
-                "train_segments": self.segments, "threads": torch.get_num_threads(), "train_code": self.code}
+                "train_segments": self.segments, "threads": torch.get_num_threads(), "train_code": self.code,
+                "train_segment_times": self.segment_times()}
+
+
+def _unknown_segment() -> dict:
+    return {"steps": None, "wall_seconds": None, "cpu_seconds": None, "threads": None}
+
+
+def _earlier_segments(saved: dict, checkpoint: str, count: int) -> list[dict]:
+    """The ``count`` segments a checkpoint's ``wall_time.json`` (``saved``) covers. A checkpoint
+    written before segments were timed one by one: a single segment is its totals, at a thread
+    count not recorded, its steps the checkpoint's; of several, each one's share is unknown."""
+    times = saved.get("segment_times")
+    if isinstance(times, list) and len(times) == count and all(isinstance(t, dict) for t in times):
+        return [{key: t.get(key) for key in ("steps", "wall_seconds", "cpu_seconds", "threads")} for t in times]
+    if count != 1:
+        return [_unknown_segment() for _ in range(count)]
+    try:
+        steps = int(json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        steps = None
+    return [{"steps": steps, "wall_seconds": round(float(saved["seconds"]), 1),
+             "cpu_seconds": None if saved.get("cpu_seconds") is None else round(float(saved["cpu_seconds"]), 1),
+             "threads": None}]
 
 
 class StopWhenDiverged(TrainerCallback):

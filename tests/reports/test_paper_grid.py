@@ -5,6 +5,7 @@ import pytest
 
 from hf_mecheval.reports.paper_grid import (claims_by_width, grid_figures, grid_rows, grid_tables, grid_verdicts)
 from hf_mecheval.reports.report import model_label
+from hf_mecheval.runs.files import run_cost
 from hf_mecheval.training.sweep import Sweep
 
 # (test accuracy, mechanism, @key, @value, @query) each label reaches at its best rate
@@ -126,6 +127,44 @@ def test_a_stacked_run_counts_its_share_of_its_stacks_time(results):
                      train_wall_seconds=3 * r["train_wall_seconds"])
     after = grid_tables(results)
     assert after["grid_run_cost"] == before["grid_run_cost"] and after["grid_compute"] == before["grid_compute"]
+
+
+def test_run_cost_reads_the_segments_at_a_thread_count():
+    def segment(steps, wall, cpu, threads):
+        return {"steps": steps, "wall_seconds": wall, "cpu_seconds": cpu, "threads": threads}
+
+    # an unknown first segment (a checkpoint from before segments were timed), the rest at 2 threads:
+    # their rate over all 50 016 steps
+    resumed = {"global_step": 50016, "train_segment_times": [segment(3126, 619.0, 450.0, None),
+                                                             segment(46890, 3750.0, 7500.0, 2)]}
+    wall, cpu = run_cost(resumed, 2)
+    assert wall == pytest.approx(3750.0 * 50016 / 46890) and cpu == pytest.approx(7500.0 * 50016 / 46890)
+    assert run_cost(resumed, 1) is None
+    # half at each count: each half's rate doubled; less than half at a count: no figure
+    halves = {"global_step": 100, "train_segment_times": [segment(50, 10.0, 9.0, 1), segment(50, 6.0, 11.0, 2)]}
+    assert run_cost(halves, 1) == (20.0, 18.0) and run_cost(halves, 2) == (12.0, 22.0)
+    assert run_cost({**halves, "global_step": 101}, 1) is None
+    assert run_cost({**halves, "stack_size": 2}, 1) == (10.0, 9.0)          # its share of the stack
+    # before segments were timed: one segment at the thread count, its totals; two segments, none
+    legacy = {"threads": 1, "train_segments": 1, "train_wall_seconds": 70.0, "train_cpu_seconds": 60.0}
+    assert run_cost(legacy, 1) == (70.0, 60.0) and run_cost(legacy, 2) is None
+    assert run_cost({**legacy, "train_segments": 2}, 1) is None
+
+
+def test_a_cell_without_one_thread_runs_shows_its_two_thread_runs(results):
+    for r in results["ref_width_ar"]:
+        if r["architecture"] == "hyena" and r["hidden_size"] == 256:       # a lane with both cores
+            r.update(threads=2, global_step=50016, train_segment_times=[
+                {"steps": 50016, "wall_seconds": 3600.0, "cpu_seconds": 7200.0, "threads": 2}])
+    cost = grid_tables(results)["grid_run_cost"]
+    n = sum(1 for r in results["ref_width_ar"] if r["architecture"] == "hyena" and r["hidden_size"] == 256)
+    hyena = next(l for l in cost.splitlines() if l.startswith("| hyena |"))
+    assert hyena.endswith(f"| 240 / 120 (3) | 60 / 120 ({n}, 2 threads) |")
+    # one run of the cell at one thread: the cell is that run's
+    one = next(r for r in results["ref_width_ar"] if r["architecture"] == "hyena" and r["hidden_size"] == 256)
+    one["train_segment_times"][0]["threads"] = 1
+    hyena = next(l for l in grid_tables(results)["grid_run_cost"].splitlines() if l.startswith("| hyena |"))
+    assert hyena.endswith("| 60 / 120 (1) |")
 
 
 def test_grid_figures_are_drawn_for_the_blocks_present(results, tmp_path):

@@ -375,6 +375,13 @@ def test_wall_time_adds_up_over_a_resume(tmp_path):
     assert saved["code"] == [code_version()] and final["train_code"] == [code_version()] * 2   # one per segment
     # the second segment trained as many steps as the first: the total is more than the first alone
     assert final["train_wall_seconds"] > saved["seconds"] and final["train_cpu_seconds"] > saved["cpu_seconds"]
+    # each segment's own time: the first as its checkpoint saved it, the second the rest of the total
+    first, second = final["train_segment_times"]
+    assert saved["segment_times"] == [first]
+    assert first["steps"] == 20 and second["steps"] == final["global_step"] - 20 == 20
+    assert first["threads"] == second["threads"] == torch.get_num_threads()
+    assert first["wall_seconds"] + second["wall_seconds"] == pytest.approx(final["train_wall_seconds"], abs=0.11)
+    assert first["cpu_seconds"] + second["cpu_seconds"] == pytest.approx(final["train_cpu_seconds"], abs=0.11)
 
 
 def test_cpu_time_is_unknown_after_a_checkpoint_without_it_and_leaves_out_a_pause(tmp_path):
@@ -387,6 +394,14 @@ def test_cpu_time_is_unknown_after_a_checkpoint_without_it_and_leaves_out_a_paus
     assert clock.summary()["train_cpu_seconds"] is None and clock.summary()["train_segments"] == 2
     assert clock.summary()["train_code"] == [None, code_version()]  # the first segment's code is unknown
     assert clock.summary()["train_wall_seconds"] >= 50.0
+    # its one segment: the checkpoint's totals, at its step, at a thread count it did not record
+    (old / "trainer_state.json").write_text(json.dumps({"global_step": 300}))
+    assert TrainingClock(str(old)).summary()["train_segment_times"][0] == {
+        "steps": 300, "wall_seconds": 50.0, "cpu_seconds": None, "threads": None}
+    # two segments in one such checkpoint: neither one's share is known
+    (old / TrainingClock.FILE).write_text(json.dumps({"seconds": 50.0, "cpu_seconds": 40.0, "segments": 2}))
+    assert TrainingClock(str(old)).summary()["train_segment_times"][:2] == [
+        {"steps": None, "wall_seconds": None, "cpu_seconds": None, "threads": None}] * 2
     clock = TrainingClock()
     time.sleep(0.3)                                       # idle, as a paused process: wall time only
     summary = clock.summary()
