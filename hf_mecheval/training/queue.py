@@ -64,6 +64,10 @@ STOP_FILE = "queue.stop"
 # lane (a second lane and a test run beside it) where its step timed 94-104 ms of CPU beside the
 # same (1.5-1.65x); one kind timed ten minutes apart differed by up to 1.5x. Too short an estimate
 # loses a run with the machine, too long one only starts a shorter run instead: the margin leans long.
+# A lane whose threads take every core (`--threads 2` on two cores) has no second lane beside it,
+# but any other work stalls it more, each step waiting for its slowest thread: Hyena at width 256,
+# timed at 75 ms a step with 2 threads, trained at 80 ms in such a lane with nothing beside it and
+# at 163 ms beside a test run (one thread, at nice 19). The same margin serves both.
 UNTIL_MARGIN = 1.8
 
 
@@ -297,6 +301,7 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
         if pick is None:
             break
         sweep, names = pick.entry.sweep, [r.name for r in pick.runs]
+        seconds = None
         if until is not None:
             seconds = expected_wall_seconds(pick, out, steps, lane_threads)
             if seconds is None or time.time() + seconds > until:
@@ -307,7 +312,9 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
                       f"({expected}, {max(0.0, until - time.time()) / 3600:.1f} h to "
                       f"{time.strftime('%H:%M', time.localtime(until))})", file=log, flush=True)
                 continue
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {' '.join(names)}", file=log, flush=True)
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {' '.join(names)}"
+              + ("" if seconds is None else f" (~{seconds / 3600:.1f} h expected)"), file=log, flush=True)
+        started = time.time()
         try:
             result = launch(sweep, out, workers=1, threads=threads, grid=grid, only=names)
             write_results(sweep, out)
@@ -322,7 +329,9 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
                 continue
             ok = run_done(folder, grid) and folder.failure is None       # diverged runs are done, and failed
             outcome["finished" if ok else "failed"].append(f"{sweep.name}/{name}")
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {len(result['finished'])} finished"
+        # beside the expectation, what it took: the record that calibrates UNTIL_MARGIN
+        took = "" if seconds is None else f" in {(time.time() - started) / 3600:.2f} h of ~{seconds / 3600:.2f} h expected"
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {len(result['finished'])} finished{took}"
               + "".join(f"; failed: {line}" for line in result["failed"])
               + "".join(f"; in use: {name}" for name in result["in_use"]), file=log, flush=True)
     return outcome

@@ -2,6 +2,7 @@
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -355,6 +356,9 @@ def test_until_starts_only_the_runs_that_end_in_time(tmp_path, two_sweeps, monke
     assert timed == [("based", 1), ("transformer", 1)]                           # one timing per kind, at --threads
     assert outcome["later"] == ["second/based_s0"]
     assert "based_s0 left for later (~0.2 h expected, 0.1 h to " in log.getvalue()
+    # a run started says what it should take, and at its end what it took beside that
+    assert "queue: first: transformer_lr0.01_s0 (~0.0 h expected)" in log.getvalue()
+    assert re.search(r"queue: first: 0 finished in 0\.00 h of ~0\.01 h expected", log.getvalue())
     pick = next_pick(read_queue(queue_file(tmp_path, [{"sweep": first}])), tmp_path / "out", GRID, set())
     seconds = module.expected_wall_seconds(pick, tmp_path / "out", {}, threads=2)
     pick.release()
