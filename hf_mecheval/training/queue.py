@@ -66,8 +66,9 @@ STOP_FILE = "queue.stop"
 # loses a run with the machine, too long one only starts a shorter run instead: the margin leans long.
 # A lane whose threads take every core (`--threads 2` on two cores) has no second lane beside it,
 # but any other work stalls it more, each step waiting for its slowest thread: Hyena at width 256,
-# timed at 75 ms a step with 2 threads, trained at 80 ms in such a lane with nothing beside it and
-# at 163 ms beside a test run (one thread, at nice 19). The same margin serves both.
+# timed at 75 ms a step with 2 threads (another day), trained at 100-104 ms in such a lane with
+# nothing beside it (ten minutes) and at 163 ms beside a test run (one thread, at nice 19). The
+# same margin serves both.
 UNTIL_MARGIN = 1.8
 
 
