@@ -78,6 +78,19 @@ def _cpu_signature() -> str:
 
 
 @functools.cache
+def cpu_identity() -> dict:
+    """The CPU this process runs on, as each training segment records it (``train_segment_times``):
+    its model name and a short hash of its model and flags lines. On a CPU of another signature the
+    matrix products and the compiled kernels can take other instruction paths and round differently,
+    so a run trained again there can end a little apart; on one CPU at one thread count it is
+    identical."""
+    text = _cpu_signature()
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                 text or "unknown")
+    return {"cpu_model": model, "cpu_signature": hashlib.sha256(text.encode()).hexdigest()[:12]}
+
+
+@functools.cache
 def kernel_library() -> ctypes.CDLL | None:
     """The compiled kernels, or None (logged once) where they cannot be built."""
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")

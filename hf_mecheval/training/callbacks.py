@@ -128,7 +128,8 @@ class TrainingClock(TrainerCallback):
     accumulate. Each checkpoint gets ``wall_time.json`` with the figures so far, and a resumed run
     starts from its checkpoint's. The code each segment ran (``runs.code_version``) is kept the
     same way: a run resumed with other code says so in metrics.json's ``train_code``. So is each
-    segment's own time (``train_segment_times``: its steps, wall and CPU seconds, threads), since
+    segment's own time (``train_segment_times``: its steps, wall and CPU seconds, threads, and the
+    CPU it ran on, ``cpu_kernels.cpu_identity``), since
     the segments of one run may train at different thread counts: what a run costs at one
     thread count is read from its segments at that count (``runs.files.run_cost``). The steps a
     segment trained past its run's last checkpoint are lost with it and counted nowhere."""
@@ -164,13 +165,17 @@ class TrainingClock(TrainerCallback):
         return None if self.cpu_before is None else self.cpu_before + time.process_time() - self.cpu_started
 
     def segment_times(self) -> list[dict]:
-        """One entry per segment, this one last: {"steps", "wall_seconds", "cpu_seconds", "threads"},
-        None where a segment's figure is unknown (its checkpoint predates it)."""
+        """One entry per segment, this one last: {"steps", "wall_seconds", "cpu_seconds", "threads",
+        "cpu_model", "cpu_signature"}, None where a segment's figure is unknown (its checkpoint
+        predates it)."""
         import torch
+
+        from ..models.cpu_kernels import cpu_identity
 
         steps = None if self.first_step is None else self.last_step - self.first_step
         this = {"steps": steps, "wall_seconds": round(time.perf_counter() - self.started, 1),
-                "cpu_seconds": round(time.process_time() - self.cpu_started, 1), "threads": torch.get_num_threads()}
+                "cpu_seconds": round(time.process_time() - self.cpu_started, 1), "threads": torch.get_num_threads(),
+                **cpu_identity()}
         return [*self.earlier_segments, this]
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -199,8 +204,11 @@ class TrainingClock(TrainerCallback):
                 "train_segment_times": self.segment_times()}
 
 
+SEGMENT_KEYS = ("steps", "wall_seconds", "cpu_seconds", "threads", "cpu_model", "cpu_signature")
+
+
 def _unknown_segment() -> dict:
-    return {"steps": None, "wall_seconds": None, "cpu_seconds": None, "threads": None}
+    return dict.fromkeys(SEGMENT_KEYS)
 
 
 def _earlier_segments(saved: dict, checkpoint: str, count: int) -> list[dict]:
@@ -209,16 +217,15 @@ def _earlier_segments(saved: dict, checkpoint: str, count: int) -> list[dict]:
     count not recorded, its steps the checkpoint's; of several, each one's share is unknown."""
     times = saved.get("segment_times")
     if isinstance(times, list) and len(times) == count and all(isinstance(t, dict) for t in times):
-        return [{key: t.get(key) for key in ("steps", "wall_seconds", "cpu_seconds", "threads")} for t in times]
+        return [{key: t.get(key) for key in SEGMENT_KEYS} for t in times]
     if count != 1:
         return [_unknown_segment() for _ in range(count)]
     try:
         steps = int(json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         steps = None
-    return [{"steps": steps, "wall_seconds": round(float(saved["seconds"]), 1),
-             "cpu_seconds": None if saved.get("cpu_seconds") is None else round(float(saved["cpu_seconds"]), 1),
-             "threads": None}]
+    return [{**_unknown_segment(), "steps": steps, "wall_seconds": round(float(saved["seconds"]), 1),
+             "cpu_seconds": None if saved.get("cpu_seconds") is None else round(float(saved["cpu_seconds"]), 1)}]
 
 
 class StopWhenDiverged(TrainerCallback):

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 import hf_mecheval  # noqa: F401
 from hf_mecheval.errors import MechEvalError
+from hf_mecheval.models.cpu_kernels import cpu_identity
 from hf_mecheval.runs.code_version import code_version
 from hf_mecheval.training.command_line import parse
 from hf_mecheval.training.spec import RunSpec
@@ -380,8 +381,27 @@ def test_wall_time_adds_up_over_a_resume(tmp_path):
     assert saved["segment_times"] == [first]
     assert first["steps"] == 20 and second["steps"] == final["global_step"] - 20 == 20
     assert first["threads"] == second["threads"] == torch.get_num_threads()
+    assert first["cpu_signature"] == second["cpu_signature"] == cpu_identity()["cpu_signature"]   # both here
     assert first["wall_seconds"] + second["wall_seconds"] == pytest.approx(final["train_wall_seconds"], abs=0.11)
     assert first["cpu_seconds"] + second["cpu_seconds"] == pytest.approx(final["train_cpu_seconds"], abs=0.11)
+
+
+def test_cpu_identity_names_the_model_and_signs_other_flags_differently(monkeypatch):
+    from hf_mecheval.models import cpu_kernels
+
+    info = "flags\t\t: fpu sse avx2 fma\nmodel name\t: AMD EPYC 9654"
+    monkeypatch.setattr(cpu_kernels, "_cpu_signature", lambda: info)
+    cpu_kernels.cpu_identity.cache_clear()
+    try:
+        here = cpu_kernels.cpu_identity()
+        assert here["cpu_model"] == "AMD EPYC 9654" and len(here["cpu_signature"]) == 12
+        # the same model name with AVX-512: other instruction paths, another signature
+        monkeypatch.setattr(cpu_kernels, "_cpu_signature", lambda: info.replace("fma", "fma avx512f"))
+        cpu_kernels.cpu_identity.cache_clear()
+        other = cpu_kernels.cpu_identity()
+        assert other["cpu_model"] == here["cpu_model"] and other["cpu_signature"] != here["cpu_signature"]
+    finally:
+        cpu_kernels.cpu_identity.cache_clear()
 
 
 def test_cpu_time_is_unknown_after_a_checkpoint_without_it_and_leaves_out_a_pause(tmp_path):
@@ -397,11 +417,13 @@ def test_cpu_time_is_unknown_after_a_checkpoint_without_it_and_leaves_out_a_paus
     # its one segment: the checkpoint's totals, at its step, at a thread count it did not record
     (old / "trainer_state.json").write_text(json.dumps({"global_step": 300}))
     assert TrainingClock(str(old)).summary()["train_segment_times"][0] == {
-        "steps": 300, "wall_seconds": 50.0, "cpu_seconds": None, "threads": None}
+        "steps": 300, "wall_seconds": 50.0, "cpu_seconds": None, "threads": None, "cpu_model": None,
+        "cpu_signature": None}
     # two segments in one such checkpoint: neither one's share is known
     (old / TrainingClock.FILE).write_text(json.dumps({"seconds": 50.0, "cpu_seconds": 40.0, "segments": 2}))
     assert TrainingClock(str(old)).summary()["train_segment_times"][:2] == [
-        {"steps": None, "wall_seconds": None, "cpu_seconds": None, "threads": None}] * 2
+        {"steps": None, "wall_seconds": None, "cpu_seconds": None, "threads": None, "cpu_model": None,
+         "cpu_signature": None}] * 2
     clock = TrainingClock()
     time.sleep(0.3)                                       # idle, as a paused process: wall time only
     summary = clock.summary()
