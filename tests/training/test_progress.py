@@ -218,7 +218,7 @@ def test_a_board_without_a_stream_says_nothing_and_a_write_that_fails_is_skipped
 
 def untimed(metrics: dict) -> dict:
     """A run's metrics less what the clock read (its totals, each segment's seconds): two runs of
-    one spec agree on the rest, its segments' steps, threads and CPU included."""
+    one spec agree on the rest, their segments' steps and threads and the CPU they ran on included."""
     clock = ("wall_seconds", "cpu_seconds")
     kept = {k: v for k, v in metrics.items() if k not in ("train_wall_seconds", "train_cpu_seconds")}
     kept["train_segment_times"] = [{k: v for k, v in segment.items() if k not in clock}
