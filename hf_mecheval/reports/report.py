@@ -207,10 +207,11 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
             at_point.setdefault((round(20 * r[f"@{x}"]) / 20, round(20 * r[f"@{y}"]) / 20), []).append(r["label"])
         for point, labels in at_point.items():
             counts = {label: labels.count(label) for label in labels}            # seeds of one model: "based ×3"
-            text = ", ".join(label if n == 1 else f"{label} ×{n}" for label, n in counts.items())
+            # a model a line: one long line at (1, 0) would run into the label at (0, 0)
+            text = "\n".join(label if n == 1 else f"{label} ×{n}" for label, n in counts.items())
             right = point[0] > 0.5                                               # keep the text inside the axes
             ax.annotate(text, point, fontsize=8, xytext=(-4 if right else 4, 4), textcoords="offset points",
-                        ha="right" if right else "left")
+                        ha="right" if right else "left", va="bottom")
         ax.set_xlim(-0.2, 1.2)
         ax.set_ylim(-0.2, 1.2)
         ax.axhline(0, color="grey", lw=0.5)

@@ -176,6 +176,39 @@ def test_bars_of_runs_that_share_a_label_name_their_rate_and_seed():
                                      "based, lr 0.001, s0", "based, lr 0.001, s1"]
 
 
+def test_scatter_labels_of_crowded_points_stay_apart_and_inside_the_axes(tmp_path, monkeypatch):
+    from hf_mecheval.reports import report
+
+    # the width sweep's picture: two models induce (@value 1), three retrieve at the query (@query 1),
+    # so on @query vs @key both crowds stand on the line @key = 0, at @query 0 and 1
+    def run(label, n, value, query):
+        return [{"run": f"{label}{i}", "label": label, "architecture": label.split()[0], "hidden_size": 256,
+                 "layers": 2, "conv_kernel": None, "task": "ar_32", "learning_rate": 1e-3, "seed": i, "test_accuracy": 1.0,
+                 "mechanism": "induction" if value else "direct_query", "@key": 0.0, "@value": value,
+                 "@query": query, "layer_scores": {"layers.1.input@value": value}} for i in range(n)]
+    rows = (run("based", 4, 1.0, 0.0) + run("transformer", 2, 1.0, 0.0) + run("deltanet", 2, 0.0, 1.0)
+            + run("hyena", 4, 0.0, 1.0) + run("mamba (conv 4)", 8, 0.0, 1.0))
+    boxes = {}
+
+    def keep_label_boxes(fig, path):                     # the labels' extents as drawn, then the PNG
+        renderer = fig.canvas.get_renderer()
+        fig.tight_layout()
+        ax = fig.axes[0]
+        boxes[path.name] = (ax.get_window_extent(renderer),
+                            {t.get_text(): t.get_window_extent(renderer) for t in ax.texts})
+        return save(fig, path)
+    save = report.save_figure
+    monkeypatch.setattr(report, "save_figure", keep_label_boxes)
+    report.figures(rows, tmp_path)
+    for name in ("scatter_query_key.png", "scatter_value_query.png"):
+        axes, labels = boxes[name]
+        assert sorted(labels) == ["based ×4\ntransformer ×2", "deltanet ×2\nhyena ×4\nmamba (conv 4) ×8"]
+        first, second = labels.values()
+        assert not first.overlaps(second), name
+        for box in labels.values():
+            assert axes.x0 <= box.x0 and box.x1 <= axes.x1 and axes.y0 <= box.y0 and box.y1 <= axes.y1, name
+
+
 def test_the_layer_heatmap_orders_runs_by_rate_as_a_number_not_by_run_name():
     from hf_mecheval.reports.report import in_run_order
 
