@@ -183,12 +183,12 @@ def test_scatter_labels_of_crowded_points_stay_apart_and_inside_the_axes(tmp_pat
     # so on @query vs @key both crowds stand on the line @key = 0, at @query 0 and 1
     def run(label, n, value, query):
         return [{"run": f"{label}{i}", "label": label, "architecture": label.split()[0], "hidden_size": 256,
-                 "layers": 2, "conv_kernel": None, "task": "ar_32", "learning_rate": 1e-3, "seed": i, "test_accuracy": 1.0,
-                 "mechanism": "induction" if value else "direct_query", "@key": 0.0, "@value": value,
+                 "layers": 2, "conv_kernel": None, "task": "ar_32", "learning_rate": 1e-3, "seed": i,
+                 "test_accuracy": 1.0, "mechanism": "induction" if value else "direct_query", "@key": 0.0, "@value": value,
                  "@query": query, "layer_scores": {"layers.1.input@value": value}} for i in range(n)]
     rows = (run("based", 4, 1.0, 0.0) + run("transformer", 2, 1.0, 0.0) + run("deltanet", 2, 0.0, 1.0)
             + run("hyena", 4, 0.0, 1.0) + run("mamba (conv 4)", 8, 0.0, 1.0))
-    boxes = {}
+    boxes, save = {}, report.save_figure
 
     def keep_label_boxes(fig, path):                     # the labels' extents as drawn, then the PNG
         renderer = fig.canvas.get_renderer()
@@ -197,7 +197,6 @@ def test_scatter_labels_of_crowded_points_stay_apart_and_inside_the_axes(tmp_pat
         boxes[path.name] = (ax.get_window_extent(renderer),
                             {t.get_text(): t.get_window_extent(renderer) for t in ax.texts})
         return save(fig, path)
-    save = report.save_figure
     monkeypatch.setattr(report, "save_figure", keep_label_boxes)
     report.figures(rows, tmp_path)
     for name in ("scatter_query_key.png", "scatter_value_query.png"):
