@@ -153,6 +153,45 @@ def in_run_order(rows: list[dict]) -> list[dict]:
                                        r.get("learning_rate") or 0, r.get("seed") or 0))
 
 
+SCATTER_MARKERS = "osD^vP*Xh<>p"
+
+
+def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
+    """Restoration @x against @y of every run: one colour and one hollow marker shape per model (per
+    task and model where the rows hold several tasks), named once in a legend beside the axes with
+    its number of runs. Text beside each point ran into its neighbours wherever runs sat close
+    together; a legend cannot, and hollow shapes of different forms stay visible on one spot (the
+    width sweep puts four models at (@query 1, @key 0)). Marker size: test accuracy."""
+    rows = [r for r in rows if r.get(f"@{x}") is not None and r.get(f"@{y}") is not None]
+    several_tasks = len({r.get("task") for r in rows}) > 1
+    key = (lambda r: f"{r.get('task')}: {r['label']}") if several_tasks else (lambda r: r["label"])
+    models = sorted({key(r) for r in rows})
+    fig, ax = plt.subplots(figsize=(7.6, 5))
+    if not rows:      # an empty plane says why it is empty
+        ax.text(0.5, 0.5, f"no run has a restoration score @{x} and @{y}", ha="center", va="center",
+                transform=ax.transAxes)
+    for i, model in enumerate(models):
+        mine = [r for r in rows if key(r) == model]
+        ax.scatter([r[f"@{x}"] for r in mine], [r[f"@{y}"] for r in mine], s=[40 + 120 * r["test_accuracy"] for r in mine],
+                   marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)], facecolors="none", edgecolors=f"C{i % 10}",
+                   linewidths=1.6, label=model if len(mine) == 1 else f"{model} ×{len(mine)}")
+    # the paper's plane is [0, 1]^2 with a margin; a run beyond it (a Transformer's @value 1.3) widens it
+    xs, ys = [r[f"@{x}"] for r in rows] or [0.0], [r[f"@{y}"] for r in rows] or [0.0]
+    ax.set_xlim(min(-0.2, min(xs) - 0.05), max(1.2, max(xs) + 0.05))
+    ax.set_ylim(min(-0.2, min(ys) - 0.05), max(1.2, max(ys) + 0.05))
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.set_xlabel(f"restoration @{x} (last layer's input, key corrupted)")
+    ax.set_ylabel(f"restoration @{y}")
+    ax.set_title(f"@{x} vs @{y} (marker size: accuracy)")
+    if rows:
+        legend = ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5),
+                           title="task: model (runs)" if several_tasks else "model (runs)", title_fontsize=8)
+        for handle in legend.legend_handles:              # one size in the legend, whatever the accuracy
+            handle.set_sizes([70])
+    return save_figure(fig, path)
+
+
 def figures(rows: list[dict], out: Path) -> list[Path]:
     made = []
     # accuracy: against width where widths vary, else one bar per run
@@ -196,30 +235,8 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
     made.append(save_figure(fig, out / "accuracy.png"))
     with_iv = [r for r in rows if r.get("mechanism")]
     for x, y, name in (("value", "query", "scatter_value_query.png"), ("query", "key", "scatter_query_key.png")):
-        if not with_iv:
-            break
-        fig, ax = plt.subplots(figsize=(5.5, 5))
-        at_point: dict[tuple, list[str]] = {}      # runs within 0.05 of a point share one label
-        for r in with_iv:
-            if r.get(f"@{x}") is None or r.get(f"@{y}") is None:
-                continue
-            ax.scatter(r[f"@{x}"], r[f"@{y}"], s=40 + 120 * r["test_accuracy"])
-            at_point.setdefault((round(20 * r[f"@{x}"]) / 20, round(20 * r[f"@{y}"]) / 20), []).append(r["label"])
-        for point, labels in at_point.items():
-            counts = {label: labels.count(label) for label in labels}            # seeds of one model: "based ×3"
-            # a model a line: one long line at (1, 0) would run into the label at (0, 0)
-            text = "\n".join(label if n == 1 else f"{label} ×{n}" for label, n in counts.items())
-            right = point[0] > 0.5                                               # keep the text inside the axes
-            ax.annotate(text, point, fontsize=8, xytext=(-4 if right else 4, 4), textcoords="offset points",
-                        ha="right" if right else "left", va="bottom")
-        ax.set_xlim(-0.2, 1.2)
-        ax.set_ylim(-0.2, 1.2)
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.axvline(0, color="grey", lw=0.5)
-        ax.set_xlabel(f"restoration @{x} (last layer's input, key corrupted)")
-        ax.set_ylabel(f"restoration @{y}")
-        ax.set_title(f"@{x} vs @{y} (marker size: accuracy)")
-        made.append(save_figure(fig, out / name))
+        if with_iv:
+            made.append(_mechanism_plane(with_iv, x, y, out / name))
     if with_iv:
         with_iv = in_run_order(with_iv)
         present = {k for r in with_iv for k in r.get("layer_scores", {})}

@@ -176,36 +176,52 @@ def test_bars_of_runs_that_share_a_label_name_their_rate_and_seed():
                                      "based, lr 0.001, s0", "based, lr 0.001, s1"]
 
 
-def test_scatter_labels_of_crowded_points_stay_apart_and_inside_the_axes(tmp_path, monkeypatch):
+def test_the_mechanism_plane_names_each_model_once_beside_the_axes_and_keeps_every_run_inside(tmp_path, monkeypatch):
+    from matplotlib.colors import to_rgba
+
     from hf_mecheval.reports import report
 
     # the width sweep's picture: two models induce (@value 1), three retrieve at the query (@query 1),
-    # so on @query vs @key both crowds stand on the line @key = 0, at @query 0 and 1
+    # so the runs stand in two crowds; one Transformer's @value (1.31) lies beyond the paper's plane
     def run(label, n, value, query):
         return [{"run": f"{label}{i}", "label": label, "architecture": label.split()[0], "hidden_size": 256,
                  "layers": 2, "conv_kernel": None, "task": "ar_32", "learning_rate": 1e-3, "seed": i,
                  "test_accuracy": 1.0, "mechanism": "induction" if value else "direct_query", "@key": 0.0, "@value": value,
                  "@query": query, "layer_scores": {"layers.1.input@value": value}} for i in range(n)]
-    rows = (run("based", 4, 1.0, 0.0) + run("transformer", 2, 1.0, 0.0) + run("deltanet", 2, 0.0, 1.0)
+    rows = (run("based", 4, 1.0, 0.0) + run("transformer", 1, 1.31, 0.0) + run("deltanet", 2, 0.0, 1.0)
             + run("hyena", 4, 0.0, 1.0) + run("mamba (conv 4)", 8, 0.0, 1.0))
-    boxes, save = {}, report.save_figure
+    drawn, save = {}, report.save_figure
 
-    def keep_label_boxes(fig, path):                     # the labels' extents as drawn, then the PNG
+    def keep_what_is_drawn(fig, path):                   # the planes' axes, legend and points as drawn, then the PNG
+        if not path.name.startswith("scatter_"):
+            return save(fig, path)
         renderer = fig.canvas.get_renderer()
         fig.tight_layout()
         ax = fig.axes[0]
-        boxes[path.name] = (ax.get_window_extent(renderer),
-                            {t.get_text(): t.get_window_extent(renderer) for t in ax.texts})
+        legend = ax.get_legend()
+        drawn[path.name] = {
+            "texts": [t.get_text() for t in ax.texts],
+            "names": [t.get_text() for t in legend.get_texts()],
+            "legend": legend.get_window_extent(renderer), "axes": ax.get_window_extent(renderer),
+            "limits": (ax.get_xlim(), ax.get_ylim()),
+            "points": [(c.get_label(), to_rgba(c.get_edgecolor()[0], 1.0), [tuple(o) for o in c.get_offsets()])
+                       for c in ax.collections if c.get_label() and not c.get_label().startswith("_")]}
         return save(fig, path)
-    monkeypatch.setattr(report, "save_figure", keep_label_boxes)
+    monkeypatch.setattr(report, "save_figure", keep_what_is_drawn)
     report.figures(rows, tmp_path)
-    for name in ("scatter_query_key.png", "scatter_value_query.png"):
-        axes, labels = boxes[name]
-        assert sorted(labels) == ["based ×4\ntransformer ×2", "deltanet ×2\nhyena ×4\nmamba (conv 4) ×8"]
-        first, second = labels.values()
-        assert not first.overlaps(second), name
-        for box in labels.values():
-            assert axes.x0 <= box.x0 and box.x1 <= axes.x1 and axes.y0 <= box.y0 and box.y1 <= axes.y1, name
+    for name, x, y in (("scatter_query_key.png", "@query", "@key"), ("scatter_value_query.png", "@value", "@query")):
+        seen = drawn[name]
+        assert seen["texts"] == []                       # no text on the plane to run into a neighbour
+        assert seen["names"] == ["based ×4", "deltanet ×2", "hyena ×4", "mamba (conv 4) ×8", "transformer"]
+        assert not seen["legend"].overlaps(seen["axes"]), name
+        colours = [colour for _, colour, _ in seen["points"]]
+        assert len(set(colours)) == 5                    # a colour per model
+        (x0, x1), (y0, y1) = seen["limits"]
+        for label, _, points in seen["points"]:
+            model = label.split(" ×")[0]
+            expected = sorted((r[x], r[y]) for r in rows if r["label"] == model)
+            assert sorted(points) == expected, (name, label)
+            assert all(x0 < px < x1 and y0 < py < y1 for px, py in points), (name, label, seen["limits"])
 
 
 def test_the_layer_heatmap_orders_runs_by_rate_as_a_number_not_by_run_name():
