@@ -243,7 +243,13 @@ def _report_results(args: argparse.Namespace) -> int:
 def _quickstart(args: argparse.Namespace) -> int:
     from .reports.quickstart import quickstart
 
-    quickstart(args.out, tiny=args.tiny, workers=args.workers, seed=args.seed)
+    from .errors import RunsFailed
+
+    try:
+        quickstart(args.out, tiny=args.tiny, workers=args.workers, seed=args.seed)
+    except RunsFailed as exc:          # a failed run: 1, as the other commands that train
+        print(f"mecheval: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -361,7 +367,7 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
                         help="local: processes on this machine; ray: a Ray cluster (RAY_ADDRESS) or a local one")
     parser.add_argument("--workers", type=_workers, default="auto",
                         help="training processes at once (local launcher); auto (default): one per GPU, or on a "
-                             "CPU one per core with one thread each")
+                             "CPU one per core with one thread each, fewer where free memory is short (3 GiB each)")
     parser.add_argument("--threads", type=_positive_int, default=None,
                         help="CPU threads per training process (default: the cores shared out among the workers), "
                              "e.g. --workers 1 --threads 1 beside other work that holds a core")
@@ -370,19 +376,24 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
                              "(mamba_*, *_lr3e-04_s0; --dry-run lists the names); the others are left as they are")
     parser.add_argument("--stack", type=_stack_size, default="auto",
                         help="train up to N runs that differ only in learning rate and seed together as one "
-                             "stacked run; auto (default): as many as fit on a GPU; on a CPU up to 8 at widths "
-                             "up to 32, none wider")
+                             "stacked run; auto (default): on a GPU as many as fit in half its free memory, at "
+                             "most 32; on a CPU up to 8 at widths up to 32, none wider")
     parser.add_argument("--out", default=default_out, help=f"parent folder of the sweep directory (default {default_out})")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a huge value echoed in an error shortened (``shorten_values``)."""
+    """argparse, whose refusal of bad input is one line on stderr (argparse's own prints the whole
+    usage first, a screenful for ``sweep``, the error last), with a huge value echoed in it shortened
+    (``shorten_values``); exit status 2 as argparse's."""
 
     def error(self, message):
         from .errors import shorten_values
 
-        super().error(shorten_values(message))
+        # the top parser also reports a command's unknown flags: it cannot say which command's
+        hint = (f"`{self.prog} --help` lists its flags" if " " in self.prog
+                else f"`{self.prog} --help` lists the commands, `{self.prog} COMMAND --help` their flags")
+        self.exit(2, f"{self.prog}: error: {shorten_values(message)} ({hint})\n")
 
 
 def _grid_arguments(parser: argparse.ArgumentParser) -> None:
@@ -446,8 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "datasets.load_dataset(FOLDER, PRESET) works offline; optionally upload.")
     pub.add_argument("presets", nargs="+", choices=presets, metavar="PRESET", help=f"one or more of: {', '.join(presets)}")
     pub.add_argument("--out", required=True, help="output folder")
-    pub.add_argument("--train-size", type=_non_negative_int, help="training documents (default: the preset's, 100032)")
-    pub.add_argument("--eval-size", type=_non_negative_int, help="validation and test documents each (default: 1024)")
+    pub.add_argument("--train-size", type=_non_negative_int, help="training documents (default: the preset's: 100032 for AR and ATR)")
+    pub.add_argument("--eval-size", type=_non_negative_int, help="validation and test documents each (default: the preset's: 1024 for AR and ATR)")
     pub.add_argument("--seed", type=_non_negative_int, default=0, help="data seed (default: 0)")
     pub.add_argument("--grammar-seed", type=_non_negative_int, help="ATR: another language than the presets'")
     pub.add_argument("--overwrite", action="store_true", help="replace existing files")
@@ -535,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "of {sweep: NAME, only: [PATTERN, ...]}, first to last) that is not done and that no other "
                     "queue process holds; read the file again before every run; stop when nothing is left to "
                     "take or when OUT/queue.stop exists. Start it once per core: the processes share the work.")
-    queue.add_argument("file", help="the queue file (e.g. experiments/queue.yaml)")
+    queue.add_argument("file", help="the queue file (e.g. hf_mecheval/experiments/queue.yaml)")
     queue.add_argument("--out", default="runs/reproduce", help="parent folder of the sweeps' directories "
                                                                "(default runs/reproduce, as mecheval reproduce)")
     queue.add_argument("--threads", type=_positive_int, default=1, help="CPU threads of each training (default 1)")

@@ -41,12 +41,25 @@ def test_errors_are_one_line(tmp_path, capsys, argv, message):
                                   ["data", "generate", "ar_32", "-n", "-3", "--out", "x.parquet"],
                                   ["data", "stats", "ar_32", "--grammar-seeds", "5-2"],
                                   ["quickstart", "--tiny", "--seed", "4294967296"],
-                                  ["quickstart", "--tiny", "--seed", "-1"]])
-def test_argument_errors_exit_2(argv, capsys):
+                                  ["quickstart", "--tiny", "--seed", "-1"],
+                                  ["sweep", "reference/ar", "--no-such-flag"],
+                                  ["no-such-command"]])
+def test_argument_errors_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()   # argparse's own would print the usage first
+    assert len(err) == 1 and err[0].startswith("mecheval") and "error:" in err[0] and "--help" in err[0], err
+
+
+def test_a_quickstart_whose_run_fails_exits_1_as_training_does(tmp_path, capsys, monkeypatch):
+    import hf_mecheval.training.sweep as sweep
+
+    # what the launcher reports when a run diverged (training it for real takes minutes)
+    monkeypatch.setattr(sweep, "train_runs", lambda runs, *a, **k: {"failed": ["h3: it diverged"], "in_use": []})
+    assert main(["quickstart", "--tiny", "--out", str(tmp_path / "qs")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["mecheval: error: quickstart: 1 run(s) failed: h3: it diverged"]
 
 
 def test_sizes_and_hub_problems_are_refused_before_any_output(tmp_path, capsys):

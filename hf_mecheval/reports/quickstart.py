@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from ..errors import ConfigError, MechEvalError
+from ..errors import ConfigError, MechEvalError, RunsFailed
 from ..experiments import read_experiment
 from ..atomic_files import write_text_atomic
 from ..runs.files import GridSettings, format_score
@@ -135,7 +135,7 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     grid = plan.tiny_grid if tiny else plan.grid
     outcome = train_runs(runs, runs_dir, workers=workers, progress=progress, grid=grid)
     if outcome["failed"]:
-        raise MechEvalError(f"quickstart: {len(outcome['failed'])} run(s) failed: {'; '.join(outcome['failed'])}")
+        raise RunsFailed(f"quickstart: {len(outcome['failed'])} run(s) failed: {'; '.join(outcome['failed'])}")
     if outcome["in_use"]:
         raise MechEvalError(f"quickstart: {', '.join(outcome['in_use'])} in use by another process (a second "
                             f"quickstart into the same folder?); run again when it has finished")
