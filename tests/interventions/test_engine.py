@@ -34,6 +34,14 @@ def test_hand_built_mechanisms_have_their_signature(make, expected):
     assert result["mechanism"]["label"] == expected and result["mechanism"]["confidence"] == "high"
     # at layer 0's input the key itself carries the information, for both mechanisms
     assert cell(result, "key", "layers.0.input", "key")["restoration"] > 0.95
+    # the value corrupted: both models copy the token at the value position into the answer
+    # (induction finds it by its PREV, direct retrieval by the MATCH written at the query, which
+    # holds a position, not the value), so only the value position restores, at either layer
+    value = result["corruptions"]["value"]
+    assert value["clean_accuracy"] == 1.0 and value["denominator"] > 0.8
+    for layer in ("layers.0.input", "layers.1.input"):
+        at = {p: cell(result, "value", layer, p)["restoration"] for p in ("key", "value", "query")}
+        assert at["value"] > 0.95 and abs(at["key"]) < 0.1 and abs(at["query"]) < 0.1, (layer, at)
 
 
 def _batch(model, n=32):

@@ -20,6 +20,8 @@ def test_evaluate_load_by_path_matches_the_library():
     clean, corrupt, patched = [0.9, 0.7, 0.8, 0.6], [0.1, 0.3, 0.2, 0.1], [0.5, 0.5, 0.8, 0.1]
     got = metric.compute(p_clean=clean, p_corrupt=corrupt, p_patched=patched, n_resamples=200)
     want = summarize_restoration(clean, corrupt, patched, n_resamples=200)
+    # by hand: (mean patched - mean corrupt) / (mean clean - mean corrupt) = (0.475 - 0.175) / (0.75 - 0.175)
+    assert got["restoration"] == pytest.approx(0.3 / 0.575)
     assert got["restoration"] == pytest.approx(want["restoration"])
     assert got["restoration_ci"] == pytest.approx(list(want["restoration_ci"]))
     assert got["normalized_mean"] == pytest.approx(want["normalized_mean"])
@@ -27,6 +29,14 @@ def test_evaluate_load_by_path_matches_the_library():
     metric.add_batch(p_clean=clean[:2], p_corrupt=corrupt[:2], p_patched=patched[:2])
     metric.add_batch(p_clean=clean[2:], p_corrupt=corrupt[2:], p_patched=patched[2:])
     assert metric.compute(n_resamples=200)["restoration"] == pytest.approx(want["restoration"])
+    # the keyword arguments reach the computation: a threshold above the denominator (0.575) leaves
+    # no score; another seed, other intervals
+    assert metric.compute(p_clean=clean, p_corrupt=corrupt, p_patched=patched, threshold=0.6,
+                          n_resamples=200)["restoration"] is None
+    other = metric.compute(p_clean=clean, p_corrupt=corrupt, p_patched=patched, n_resamples=200, seed=1)
+    assert other["restoration_ci"] == pytest.approx(list(summarize_restoration(clean, corrupt, patched, n_resamples=200,
+                                                                               seed=1)["restoration_ci"]))
+    assert other["restoration_ci"] != pytest.approx(got["restoration_ci"])
 
 
 def test_metric_card_states_the_formula():

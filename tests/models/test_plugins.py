@@ -33,7 +33,11 @@ def test_train_and_evaluate_a_plugin_architecture_from_the_command_line(tmp_path
     assert json.loads((run / "run.json").read_text())["model"]["architecture"] == ARCHITECTURE
     evaluated = mecheval("evaluate", run, "-n", "8", pythonpath=plugin)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert any(run.glob("**/*.json"))
+    grid = json.loads((run / "interventions" / "interventions.json").read_text())
+    assert grid["examples"] == 8 and {"layers.0.input", "layers.1.input"} <= set(grid["sites"])
+    for corruption in ("key", "value"):          # a cell for every site at every position
+        cells = grid["corruptions"][corruption]["cells"]
+        assert {(c["site"], c["position"]) for c in cells} == {(s, p) for s in grid["sites"] for p in grid["positions"]}
 
     # without the plug-in: one line that names it
     missing = mecheval("evaluate", run, "-n", "8", pythonpath=tmp_path / "empty")
