@@ -63,7 +63,10 @@ def load_yaml(text: str, source: str):
     nodes, before any value is built."""
     import yaml
 
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)       # refuses a control character here, before any parsing
+    except yaml.YAMLError as exc:
+        raise MechEvalError(f"{source}: not valid YAML: {(str(exc).splitlines() or [''])[0]}") from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -72,6 +75,10 @@ def load_yaml(text: str, source: str):
         return loader.construct_document(node)
     except RecursionError:
         raise MechEvalError(f"{source}: nested more than {MAX_NESTING} levels deep") from None
+    except yaml.YAMLError as exc:        # a syntax error: where, and what (an editor's half-saved file)
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise MechEvalError(f"{source}: not valid YAML: {where}{problem or (str(exc).splitlines() or [''])[0]}") from None
     finally:
         loader.dispose()
 

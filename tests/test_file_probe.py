@@ -1,5 +1,5 @@
 """Every file the commands read, damaged the ways a disk, an editor or a hostile user damages it:
-truncated, of the wrong type, null, huge, and (YAML) an anchor bomb. Each is refused with exit 2
+truncated, of the wrong type, null, huge, and (YAML) an anchor bomb or a syntax error. Each is refused with exit 2
 and one line naming the file, no traceback, and nothing written."""
 import json
 import shutil
@@ -21,6 +21,7 @@ def variants(text: str, yaml: bool) -> dict[str, str]:
            "huge": "[" + "0, " * 300_000 + "0]", "empty": ""}
     if yaml:
         out["anchor bomb"] = BOMB
+        out["syntax error"] = text + "\n{unclosed: [1, 2\n"      # an editor's half-saved line
     return out
 
 
@@ -63,7 +64,7 @@ def test_a_damaged_run_file_is_one_line_for_report_and_evaluate(run_dir, tmp_pat
 PLAIN = ["truncated", "wrong type", "null", "huge", "empty"]
 
 
-@pytest.mark.parametrize("suffix, variant", [(".yaml", v) for v in [*PLAIN, "anchor bomb"]]
+@pytest.mark.parametrize("suffix, variant", [(".yaml", v) for v in [*PLAIN, "anchor bomb", "syntax error"]]
                          + [(".json", v) for v in PLAIN])      # JSON has no aliases
 def test_a_damaged_run_config_is_one_line(tmp_path, capsys, suffix, variant):
     good = {"task": "ar_32", "hidden_size": 16, "max_steps": 1}
@@ -74,7 +75,7 @@ def test_a_damaged_run_config_is_one_line(tmp_path, capsys, suffix, variant):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("variant", ["truncated", "wrong type", "null", "huge", "empty", "anchor bomb"])
+@pytest.mark.parametrize("variant", ["truncated", "wrong type", "null", "huge", "empty", "anchor bomb", "syntax error"])
 def test_a_damaged_sweep_file_is_one_line(tmp_path, capsys, variant):
     text = "name: s\ntask: ar_32\ngrids:\n  - architecture: [transformer]\n    learning_rate: [0.001]\n"
     path = tmp_path / "s.yaml"

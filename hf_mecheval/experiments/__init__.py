@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import yaml
 
 from ..errors import ConfigError, MechEvalError
 from ..inputs import load_yaml, refuse_non_finite
@@ -22,7 +21,7 @@ def read_experiment(name: str, keys: Sequence[str]) -> dict:
     path = EXPERIMENTS_DIR / f"{name}.yaml"
     try:
         values = load_yaml(path.read_text(), str(path))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise MechEvalError(f"cannot read the experiment file {path}: {(str(exc).splitlines() or [''])[0]}") from None
     if not isinstance(values, dict):
         raise ConfigError(name, f"{path} must be a mapping with the keys {', '.join(keys)}")

@@ -17,7 +17,6 @@ import typing
 from pathlib import Path
 from typing import Sequence
 
-import yaml
 from transformers import HfArgumentParser
 from transformers.trainer_utils import SchedulerType
 
@@ -108,7 +107,7 @@ def parse(argv: Sequence[str]):
         try:
             text = path.read_text()
             values = load_yaml(text, str(path)) if path.suffix != ".json" else loads_finite(text, str(path))
-        except (OSError, yaml.YAMLError, ValueError) as exc:     # ValueError: not UTF-8 text, not JSON
+        except (OSError, ValueError) as exc:     # ValueError: not UTF-8 text, not JSON
             raise MechEvalError(f"cannot read the run config {path}: {(str(exc).splitlines() or [''])[0]}") from None
         if not isinstance(values, dict):
             raise MechEvalError(f"the run config {path} must be a mapping of argument names to values")

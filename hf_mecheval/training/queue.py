@@ -9,7 +9,8 @@ The queue file (YAML) lists sweep files, first to last, each with optional run-n
     - {sweep: reference/width_ar}          # the rest of it, later
 
 Before every pick the file and its sweep files are read again, so an edited order, or a run added
-to a sweep file, counts from the next run on. A process takes the first run, in the file's order,
+to a sweep file, counts from the next run on (an edit that cannot be read is said in the log, and
+the lane goes on with the queue it read before). A process takes the first run, in the file's order,
 that is not done (trained, and with its grid unless it failed) and that no other process holds: it
 claims it with a lock on ``<out>/<sweep>/queue/<run>.lock`` (``flock``: the lock goes with the
 process, so a lane that is killed leaves no claim behind) and trains it with ``launch`` (from its
@@ -297,8 +298,14 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
     tried: set[str] = set()
     steps: dict[str, float | None] = {}
     lane_threads = plan_workers(1, threads)[1]          # what each training here runs at (None: every core)
+    entries = read_queue(path)                          # a file that cannot be read is refused here
     while not (out / STOP_FILE).exists():
-        pick = next_pick(read_queue(path), out, grid, tried | set(outcome["later"]))
+        try:                  # read again before every run: an edit counts from the next run on
+            entries = read_queue(path)
+        except MechEvalError as exc:      # an edit saved half-way must not stop the lanes between runs
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {exc}; this lane keeps the queue it read before",
+                  file=log, flush=True)
+        pick = next_pick(entries, out, grid, tried | set(outcome["later"]))
         if pick is None:
             break
         sweep, names = pick.entry.sweep, [r.name for r in pick.runs]

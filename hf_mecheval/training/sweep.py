@@ -48,7 +48,6 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
 
 from ..adapters.native_config import is_native
 from ..errors import ConfigError, MechEvalError
@@ -97,7 +96,7 @@ class Sweep:
         path = sweep_file(path)
         try:
             spec = load_yaml(Path(path).read_text(), str(path))
-        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise MechEvalError(f"cannot read sweep file {path}: {str(exc).splitlines()[0]}") from None
         return Sweep.from_dict(spec, source=str(path))
 

@@ -134,6 +134,25 @@ def test_the_file_is_read_again_before_every_run(tmp_path, two_sweeps, monkeypat
     assert outcome == {"finished": [], "failed": ["first/transformer_lr0.01_s0", "second/based_s0"], "later": []}
 
 
+def test_an_edit_saved_half_way_leaves_the_lane_on_the_queue_it_read_before(tmp_path, two_sweeps, monkeypatch):
+    first, second = two_sweeps
+    queue = queue_file(tmp_path, [{"sweep": first}])
+    from hf_mecheval.training import queue as module
+
+    trained = []
+
+    def launch(sweep, out, **kwargs):           # trains nothing; after the first run an editor saves half a line
+        trained.append(kwargs["only"])
+        queue.write_text(f"- {{sweep: {second}")
+        return {"finished": [], "skipped": [], "in_use": [], "failed": []}
+    monkeypatch.setattr(module, "launch", launch)
+    monkeypatch.setattr(module, "write_results", lambda sweep, out: None)
+    log = io.StringIO()
+    run_queue(queue, tmp_path / "out", grid=GRID, log=log)
+    assert trained == [["transformer_lr0.01_s0"], ["transformer_lr1e-03_s0"]]     # the first file's runs, both
+    assert re.search(r"queue\.yaml: not valid YAML: line 1.*; this lane keeps the queue it read before", log.getvalue())
+
+
 @pytest.mark.parametrize("content, message", [
     ("{sweep: x}", "queue: .* must be a list"),
     ("[]", "queue: .* must be a list"),
@@ -143,6 +162,8 @@ def test_the_file_is_read_again_before_every_run(tmp_path, two_sweeps, monkeypat
     ("- {sweep: SWEEP, only: [nothing_*]}", "only: 'nothing_\\*' matches no run of sweep first"),
     ("- {sweep: no_such_sweep}", "no sweep file no_such_sweep"),
     ("- {sweep: 3}", "sweep: .*a sweep file or packaged sweep name, got 3"),
+    ("- {sweep: SWEEP", "queue.yaml: not valid YAML: line 1, column .*expected ',' or '}'"),
+    ("- {sweep: SWEEP}\n  only: [a]", "queue.yaml: not valid YAML: line 2, column"),
 ])
 def test_a_bad_queue_file_is_one_clear_error(tmp_path, two_sweeps, capsys, content, message):
     path = tmp_path / "queue.yaml"
