@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..atomic_files import atomic_path
@@ -40,7 +42,11 @@ def measured_test_accuracy(run_dir: Path, batch_size: int = 256) -> float:
 
     model, task, record = load_run(run_dir)
     model.eval()
-    data = task.generate(record["task"]["eval_size"], "test", record["task"].get("dataset_seed", 0))
+    size, seed = record["task"].get("eval_size"), record["task"].get("dataset_seed", 0)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1 or not isinstance(seed, int):
+        raise MechEvalError(f"{Path(run_dir) / 'run.json'}: task.eval_size must be a number of test documents "
+                            f"and task.dataset_seed a seed, got {size!r} and {seed!r}")
+    data = task.generate(size, "test", seed)
     ids = torch.from_numpy(data.padded()).long()              # (N, L), right-padded: causal models ignore it
     answer_pos = torch.from_numpy(data.columns["answer_pos"]).long()
     answers = ids[torch.arange(len(ids)), answer_pos]
@@ -56,8 +62,12 @@ def measured_test_accuracy(run_dir: Path, batch_size: int = 256) -> float:
 
 def halve_weights(run_dir: str | Path) -> dict:
     """Replace the finished run's float32 weights by float16 ones and write weights.json; returns
-    its record. A run already halved is refused (its float32 file is gone)."""
+    its record. A run already halved is refused (its float32 file is gone). The float16 weights are
+    measured in a copy of the run before they replace anything: a run its model cannot be loaded
+    from (a damaged config, a task it does not fit) or a halving stopped half-way keeps its float32
+    weights."""
     import torch
+    from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
     run = RunDir(run_dir)
@@ -65,15 +75,25 @@ def halve_weights(run_dir: str | Path) -> dict:
     path = run.path / WEIGHTS
     if (run.path / RECORD).exists():
         raise MechEvalError(f"{run.path} already holds half-precision weights ({RECORD})")
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except SafetensorError as exc:       # truncated, empty, or a Git LFS pointer instead of the file
+        raise MechEvalError(f"{path} is not a readable safetensors file: {exc}") from None
     if any(t.dtype != torch.float32 for t in tensors.values() if t.is_floating_point()):
         raise MechEvalError(f"{path} is not float32: only a run's own float32 weights are halved")
     record = {"dtype": "float16", "float32_sha256": sha256(path),
               "float32_test_accuracy": run.metrics()["final"]["test_accuracy"]}
-    with recording(run.path), atomic_path(path, overwrite=True) as tmp:   # the float32 file stays until it is whole
+    with tempfile.TemporaryDirectory(prefix="mecheval-halve-") as scratch:
+        copy = Path(scratch) / run.path.name         # the run's own files (config, run.json, ...), float16 weights
+        copy.mkdir()
+        for item in run.path.iterdir():
+            if item.is_file() and item.name != WEIGHTS:
+                shutil.copyfile(item, copy / item.name)
         save_file({k: (t.half() if t.is_floating_point() else t).contiguous() for k, t in tensors.items()},
-                  str(tmp), metadata={"format": "pt"})
-    record["float16_sha256"] = sha256(path)
-    record["float16_test_accuracy"] = measured_test_accuracy(run.path)
+                  str(copy / WEIGHTS), metadata={"format": "pt"})
+        record["float16_sha256"] = sha256(copy / WEIGHTS)
+        record["float16_test_accuracy"] = measured_test_accuracy(copy)
+        with recording(run.path), atomic_path(path, overwrite=True) as tmp:   # the float32 file stays until it is whole
+            shutil.copyfile(copy / WEIGHTS, tmp)
     write_run_file(run.path, RECORD, json.dumps(record, indent=2) + "\n")
     return record

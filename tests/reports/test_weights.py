@@ -30,3 +30,21 @@ def test_halved_weights_reproduce_the_runs_test_accuracy(tmp_path, capsys):
     capsys.readouterr()
     assert mecheval(["halve", str(run)]) == 2
     assert "already holds half-precision weights" in capsys.readouterr().err
+
+
+def test_a_run_that_cannot_be_halved_keeps_its_float32_weights(tmp_path, capsys):
+    run = shutil.copytree(RUN, tmp_path / "run")
+    float32 = sha256(run / "model.safetensors")
+    # a config the model cannot be built from: refused in one line, found before anything is replaced
+    (run / "config.json").write_text(json.dumps({**json.loads((RUN / "config.json").read_text()), "hidden_size": -4}))
+    assert mecheval(["halve", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mecheval: error:" in err[0], err
+    assert sha256(run / "model.safetensors") == float32 and not (run / "weights.json").exists()
+    # weights that are not a safetensors file (a Git LFS pointer where the file should be)
+    shutil.copyfile(RUN / "config.json", run / "config.json")
+    (run / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n")
+    assert mecheval(["halve", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a readable safetensors file" in err[0], err
+    assert not (run / "weights.json").exists()
