@@ -290,9 +290,16 @@ def _block(name: str) -> re.Pattern:
     return re.compile(rf"<!-- table:{name} -->\n(.*?)<!-- /table:{name} -->", re.S)
 
 
+def _read_document(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:          # (OSError: the command line names the path)
+        raise MechEvalError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def check_document(document: str | Path, tables: dict[str, str]) -> list[str]:
     """Names of the tables whose block in ``document`` differs from the generated one (or is missing)."""
-    text = Path(document).read_text()
+    text = _read_document(Path(document))
     stale = []
     for name, table in tables.items():
         match = _block(name).search(text)
@@ -304,7 +311,7 @@ def check_document(document: str | Path, tables: dict[str, str]) -> list[str]:
 def update_document(document: str | Path, tables: dict[str, str]) -> list[str]:
     """Rewrite the table blocks of ``document`` from ``tables``; returns the names it replaced."""
     path = Path(document)
-    text = path.read_text()
+    text = _read_document(path)
     replaced = []
     for name, table in tables.items():
         pattern = _block(name)

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 from ..adapters.native_config import is_native
+from ..errors import MechEvalError
+from ..inputs import read_json
 from .files import format_score, last_layer_summary
 from .run_dir import RunDir
 from .manifest import write_run_file
@@ -135,7 +137,12 @@ def complete_for_hub(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     record, _ = RunDir(run_dir).finished_run()
     require_checkpoint_architecture(run_dir)
-    config = AutoConfig.from_pretrained(run_dir)
+    read_json(run_dir / "config.json", {"model_type": str})
+    try:
+        config = AutoConfig.from_pretrained(run_dir)
+    except (ValueError, OSError, KeyError, TypeError) as exc:     # an unknown model type, a field of the wrong type
+        raise MechEvalError(f"cannot read the model configuration in {run_dir}: {(str(exc).splitlines() or [''])[0]}") \
+            from None
     # transformers' own models (hf:...) need no code beside the weights, a plug-in's model needs
     # its package rather than remote code: only built-in architectures carry theirs
     native = is_native(record["model"].get("architecture") or "")

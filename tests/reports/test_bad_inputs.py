@@ -79,6 +79,15 @@ def test_push_checks_the_run_before_the_hub(run_dir, tmp_path, capsys):
     assert f'{run / "run.json"}: "model" is missing' in one_error(capsys)
 
 
+@pytest.mark.parametrize("config, message", [("{}", '"model_type" is missing'),
+                                             ('{"model_type": "no_such_model"}', "cannot read the model configuration")])
+def test_push_refuses_a_config_it_cannot_read_before_the_hub(run_dir, tmp_path, capsys, config, message):
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    (run / "config.json").write_text(config)
+    assert mecheval(["push", str(run), "me/repo"]) == 2
+    assert message in one_error(capsys)
+
+
 def test_push_refuses_a_bad_repository_name(run_dir, capsys):
     assert mecheval(["push", str(run_dir), "bad repo name!!"]) == 2
     assert "bad repository name 'bad repo name!!'" in one_error(capsys)

@@ -62,6 +62,15 @@ def test_report_results_command_regenerates_and_checks(tmp_path, capsys):
     assert check_document(doc, claim_tables(load_results(results))) != []
     assert mecheval(["report", "--results", str(tmp_path / "empty")]) == 2
     assert update_document(doc, {}) == []
+    # a document that is not UTF-8 text: one line, and left as it was
+    latin = tmp_path / "latin1.md"
+    latin.write_bytes("caf\xe9 <!-- table:claim1 -->\n".encode("latin-1"))
+    capsys.readouterr()
+    for flag in ("--check", "--update"):
+        assert mecheval(["report", "--results", str(results), flag, str(latin)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{latin} is not UTF-8 text" in err[0], err
+    assert latin.read_bytes() == "caf\xe9 <!-- table:claim1 -->\n".encode("latin-1")
 
 
 def test_reference_tables_pick_the_learning_rate_on_validation_and_give_verdicts():
