@@ -105,6 +105,10 @@ def test_query_summary_and_per_document_accuracy_by_hand():
     assert float(summary[0, 0, 2]) == pytest.approx(p)
     metrics = compute_answer_metrics(EvalPrediction(predictions=summary.numpy(), label_ids=None))
     assert metrics["accuracy"] == pytest.approx((0.5 + 1.0) / 2)   # per document, then the mean
+    # the answer probability likewise: document 0's two answers averaged, document 1's padding left out
+    p01 = float(torch.softmax(logits[0, 3], -1)[8])
+    p10 = float(torch.softmax(logits[1, 2], -1)[9])
+    assert metrics["answer_prob"] == pytest.approx(((p + p01) / 2 + p10) / 2)
     # the model's own (B, k, V) logits at the scored positions give the same summary
     kept = torch.stack([logits[0, [1, 3]], logits[1, [2, 0]]])
     assert torch.equal(query_logits_summary(kept, labels), summary)
