@@ -172,14 +172,23 @@ def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
 def checkpoint_problem(path: Path) -> str | None:
     """Why the checkpoint ``path`` cannot be resumed from, or None: its trainer state (the
     Trainer writes it last) and its weights must be readable."""
+    import dataclasses
+
     from safetensors import safe_open
+    from transformers.trainer_callback import TrainerState
 
     try:
-        json.loads((path / "trainer_state.json").read_text())
+        state = json.loads((path / "trainer_state.json").read_text())
     except FileNotFoundError:
         return "incomplete (no trainer_state.json: its saving was cut short)"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         return f"trainer_state.json is damaged ({type(exc).__name__})"
+    # the Trainer builds TrainerState(**state): a key it does not know (another transformers' file) stops it there
+    if not isinstance(state, dict):
+        return f"trainer_state.json is not a JSON object (a {type(state).__name__})"
+    unknown = sorted(set(state) - {f.name for f in dataclasses.fields(TrainerState)})
+    if unknown:
+        return f"trainer_state.json has keys this transformers' TrainerState does not know: {', '.join(unknown[:3])}"
     try:
         with safe_open(str(path / "model.safetensors"), framework="pt") as f:
             list(f.keys())

@@ -313,6 +313,22 @@ def test_corrupt_optimizer_state_gives_a_clear_error(tmp_path, capsys):
     assert len(err) == 1 and "cannot resume from" in err[0]
 
 
+def test_a_trainer_state_transformers_cannot_read_gives_a_clear_error(tmp_path, capsys):
+    args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT))
+    with pytest.raises(KeyboardInterrupt):
+        train(args, callbacks=[StopAt(20)])
+    state_file = tmp_path / "run" / "checkpoint-20" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    # a key another transformers wrote (the Trainer would stop in TrainerState(**state)), and a list
+    for damaged, why in (({**state, "a_future_field": 1}, "keys this transformers' TrainerState does not know: "
+                                                           "a_future_field"), ([state], "is not a JSON object")):
+        state_file.write_text(json.dumps(damaged))
+        capsys.readouterr()
+        assert main(run_args(tmp_path / "run", *SHORT, "--resume")) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "cannot resume from" in err[0] and why in err[0], err
+
+
 def test_resume_falls_back_past_a_checkpoint_whose_optimizer_state_is_damaged(tmp_path, capsys):
     args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT, "--save_strategy", "steps", "--save_steps", "10"))
     with pytest.raises(KeyboardInterrupt):
