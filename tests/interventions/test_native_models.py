@@ -12,7 +12,7 @@ from hf_mecheval.adapters import native_config, native_sites
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
 from hf_mecheval.interventions import FullForwardEngine, run_grid
-from hf_mecheval.tasks import build_task
+from hf_mecheval.tasks import build_task, corrupt
 from hf_mecheval.training.run import main as train
 
 TASK = build_task("ar_32", num_kv=16, num_pairs=2)
@@ -58,6 +58,81 @@ def test_patching_every_position_of_an_input_gives_the_source_run(model_type):
     # a layer's output is the next layer's input, so the two sites name the same tensor
     _, cached = engine.cache(base, ["layers.0.output", "layers.1.input"])
     assert torch.equal(cached["layers.0.output"], cached["layers.1.input"])
+
+
+# where each model keeps its decoder layers and, in each, its token mixer (transformers' own names)
+LAYERS = {"gpt2": ("transformer.h", "attn"), "llama": ("model.layers", "self_attn"),
+          "mamba": ("backbone.layers", "mixer"), "mamba2": ("backbone.layers", "mixer")}
+
+
+@pytest.mark.parametrize("model_type", list(LAYERS))
+def test_every_cell_equals_a_hooked_forward_of_the_model_itself(model_type):
+    # a second, naive implementation that knows nothing of native_sites: for each cell, the model's
+    # own forward on the corrupted document with a plain torch hook on its decoder layer (input,
+    # output) or token mixer (output) writing the clean activation at the position, and the answer's
+    # probability from its own logits at the query (the final norm and LM head included)
+    model = tiny_model(model_type)
+    engine = FullForwardEngine(native_sites(model))
+    data = TASK.generate(6, "test", 1)
+    ids = torch.as_tensor(data.padded()).long()
+    broken = torch.as_tensor(corrupt(data.padded(), data.columns["key_pos"], TASK.token_classes, seed=0).input_ids).long()
+    col = lambda c: torch.as_tensor(data.columns[c]).long()             # noqa: E731
+    names, rows = ("key", "value", "query"), torch.arange(len(ids))
+    sites = native_sites(model).site_names()
+    ours = engine.run(ids, broken, {p: col(f"{p}_pos") for p in names}, col("query_pos"), col("answer"), sites)
+    layers_path, mixer_name = LAYERS[model_type]
+    layers = model.get_submodule(layers_path)
+
+    def first(value):                       # a module's output: a tensor, or a tuple led by one
+        return value[0] if isinstance(value, tuple) else value
+
+    def forward(document, module=None, kind=None, write=None):
+        """The model's probability of the answer at the query on ``document``; with ``write``, the
+        activation at ``module`` passed through it first (input: the layer's hidden states)."""
+        handles = []
+        if kind == "input":
+            def pre(mod, args, kwargs):
+                if args:
+                    return (write(args[0]), *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": write(kwargs["hidden_states"])}
+            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        elif kind == "output":
+            def post(mod, args, output):
+                return (write(output[0]), *output[1:]) if isinstance(output, tuple) else write(output)
+            handles.append(module.register_forward_hook(post))
+        try:
+            with torch.no_grad():
+                logits = model(document).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+        return torch.softmax(logits[rows, col("query_pos")], -1)[rows, col("answer")]
+
+    def naive_site(site):                   # layers.L.input / mixer_output / output -> (module, hook kind)
+        _, layer, kind = site.split(".")
+        block = layers[int(layer)]
+        return (block, "input") if kind == "input" else (getattr(block, mixer_name), "output") \
+            if kind == "mixer_output" else (block, "output")
+
+    torch.testing.assert_close(ours["p_clean"], forward(ids), rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours["p_corrupt"], forward(broken), rtol=0, atol=1e-5)
+    for site in sites:
+        module, kind = naive_site(site)
+        seen = {}
+
+        def keep(x):
+            seen["clean"] = x.clone()
+            return x
+        forward(ids, module, kind, keep)                  # the clean activation, read by the same hook
+        for name in names:
+            pos = col(f"{name}_pos")
+
+            def write(x, pos=pos):
+                x = x.clone()
+                x[rows, pos] = seen["clean"][rows, pos]
+                return x
+            torch.testing.assert_close(ours["p_patched"][site][name], forward(broken, module, kind, write),
+                                       rtol=0, atol=1e-5, msg=f"{site} @{name}")
 
 
 def test_grid_on_an_adapted_model_has_every_cell():
