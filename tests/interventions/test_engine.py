@@ -186,3 +186,22 @@ def test_answer_position_check_is_measured_and_catches_a_model_that_reads_the_fu
     assert torch.allclose(at_answer["layers.1.input"], want, atol=1e-8)
     assert (at_answer["layers.1.input"] - p_corrupt).abs().min() > 1e-6
     assert torch.equal(at_answer["layers.0.mlp_output"], p_corrupt)         # elsewhere: the exact shortcut
+
+
+@pytest.mark.parametrize("make, position", [(induction_model, "value"), (direct_model, "query")])
+def test_the_training_callback_measures_the_last_layers_input_as_the_whole_grid_does(make, position):
+    # the mechanism over training (RestorationCallback) on models whose mechanism is known: its
+    # entry is the key-corrupted grid's cell at the last layer's input, and names the mechanism
+    from types import SimpleNamespace
+
+    from hf_mecheval.training.callbacks import RestorationCallback
+
+    model, documents, logged = make(TASK.vocab_size, 16), data(48), []
+    callback = RestorationCallback(SimpleNamespace(model=model, log=logged.append), TASK, documents, every_n_steps=10)
+    entry = callback.measure(model, step=10)
+    grid = run_grid(model, TASK, documents, progress=False, n_resamples=0)
+    assert entry["step"] == 10 and entry["restoration_accuracy"] == grid["corruptions"]["key"]["clean_accuracy"] == 1.0
+    for p in ("key", "value", "query"):
+        assert entry[f"restoration@{p}"] == pytest.approx(cell(grid, "key", "layers.1.input", p)["restoration"], abs=1e-6)
+    assert entry[f"restoration@{position}"] > 0.95
+    assert logged == [{k: v for k, v in entry.items() if k != "step"}] and callback.history == [entry]

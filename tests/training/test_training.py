@@ -375,9 +375,24 @@ def test_restoration_history_survives_a_resume(tmp_path):
     args = RunSpec.from_flags(run_args(tmp_path / "run", *SHORT, *extra))
     with pytest.raises(KeyboardInterrupt):
         train(args, callbacks=[StopAt(20)])
+    logged = json.loads((tmp_path / "run" / "checkpoint-20" / "trainer_state.json").read_text())["log_history"]
+    before = [{k: e.get(k) for k in ("step", "restoration_accuracy", "restoration@key", "restoration@value",
+                                      "restoration@query")} for e in logged if "restoration_accuracy" in e]
+    assert [e["step"] for e in before] == [10, 20]
     assert main(run_args(tmp_path / "run", *SHORT, *extra, "--resume")) == 0
     history = json.loads((tmp_path / "run" / "restoration_history.json").read_text())
     assert [e["step"] for e in history] == [10, 20, 30, 40]
+    # what was measured before the interruption comes back as it was (a score of None is not logged)
+    assert [{**e, **{k: v for k, v in b.items() if v is not None}} for e, b in zip(history, before)] == history[:2]
+    # the last entry is of the final model, on the first validation documents (40 steps teach it
+    # too little for restoration scores: those are checked on hand-built models, test_engine.py)
+    from hf_mecheval.interventions.grid import run_grid
+    from hf_mecheval.reports.evaluate_run import load_run
+
+    model, task, record = load_run(tmp_path / "run")
+    grid = run_grid(model.eval(), task, task.generate(16, "validation", record["task"].get("dataset_seed", 0)),
+                    n_resamples=0, progress=False)
+    assert history[-1]["restoration_accuracy"] == pytest.approx(grid["corruptions"]["key"]["clean_accuracy"])
 
 
 def test_wall_time_adds_up_over_a_resume(tmp_path):
