@@ -333,9 +333,22 @@ def test_unknown_architecture():
 
 
 def test_ablation_knobs_change_the_model():
-    assert count(tiny("mamba", conv_kernel=0)) < count(tiny("mamba", conv_kernel=2)) < count(tiny("mamba"))
-    assert count(tiny("deltanet", use_short_conv=False)) < count(tiny("deltanet"))
-    assert count(tiny("mamba2", conv_kernel=0)) < count(tiny("mamba2", conv_kernel=2)) < count(tiny("mamba2"))
+    # the short convolution by hand: a depthwise filter of k taps per channel, with a bias (Mamba,
+    # Mamba-2) or without (DeltaNet's on q, k and v); width 0 removes filter and bias
+    def conv(arch, channels, k, bias=True):
+        return tiny(arch).config.num_hidden_layers * (channels * k + channels * bias)
+    mamba = tiny("mamba").config
+    inner = mamba.expand * mamba.hidden_size                              # Mamba's convolution: x, E channels
+    assert mamba.conv_kernel == 4
+    assert count(tiny("mamba")) - count(tiny("mamba", conv_kernel=2)) == conv("mamba", inner, 4) - conv("mamba", inner, 2)
+    assert count(tiny("mamba", conv_kernel=2)) - count(tiny("mamba", conv_kernel=0)) == conv("mamba", inner, 2)
+    m2 = tiny("mamba2").config                                            # x, B and C: E + 2 groups x state
+    channels = m2.expand * m2.hidden_size + 2 * m2.n_groups * m2.d_state
+    assert count(tiny("mamba2")) - count(tiny("mamba2", conv_kernel=2)) == conv("mamba2", channels, 4) - conv("mamba2", channels, 2)
+    assert count(tiny("mamba2", conv_kernel=2)) - count(tiny("mamba2", conv_kernel=0)) == conv("mamba2", channels, 2)
+    dn = tiny("deltanet").config                                          # q, k, v: hidden channels each
+    assert count(tiny("deltanet")) - count(tiny("deltanet", use_short_conv=False)) == \
+        3 * conv("deltanet", dn.hidden_size, dn.conv_kernel, bias=False)
     assert count(tiny("gated_deltanet", use_short_conv=False)) < count(tiny("gated_deltanet"))
     assert count(tiny("gated_deltanet", expand_v=1)) < count(tiny("gated_deltanet"))
     assert count(tiny("gated_deltanet", num_attention_heads=1, head_dim=4)) < count(tiny("gated_deltanet"))
