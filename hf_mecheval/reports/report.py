@@ -61,17 +61,21 @@ def run_label(record: dict) -> str:
 
 def model_label(model: dict) -> str:
     """A configuration's name in tables: the architecture, with the short-convolution width where
-    it is an ablation knob (Mamba always, Based when not its default 3), and "no positions" for a
-    Transformer without position embeddings. ``model``: a run record's model fields, or a sweep
-    run's ``architecture`` with its ``model_config``."""
+    it is an ablation knob (Mamba always, Based when not its default 3), "no positions" for a
+    Transformer without position embeddings and "positions" for another of our architectures given
+    learned ones (the max_position_embeddings of transformers' own models is their context length,
+    not named). ``model``: a run record's model fields, or a sweep run's ``architecture`` with its
+    ``model_config``."""
     arch = model.get("architecture", model.get("model_type", "?"))
     extra = []
-    if arch == "transformer" and model.get("max_position_embeddings") == 0:
-        extra.append("no positions")
     if arch == "mamba":
         extra.append(f"conv {model.get('conv_kernel', 4)}")
     if arch == "based" and model.get("short_conv_kernel", 3) != 3:
         extra.append(f"conv {model.get('short_conv_kernel')}")
+    if arch == "transformer" and model.get("max_position_embeddings") == 0:
+        extra.append("no positions")
+    if arch != "transformer" and not arch.startswith("hf:") and (model.get("max_position_embeddings") or 0) > 0:
+        extra.append("positions")
     return f"{arch} ({', '.join(extra)})" if extra else arch
 
 

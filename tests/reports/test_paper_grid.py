@@ -183,3 +183,17 @@ def test_the_ablations_figure_and_table_stand_each_width_beside_the_other(result
     assert "| based (conv long) | 256 | — |" in table and "| based (conv 3) | 256 | — |" in table
     made = grid_figures(results, tmp_path)
     assert "ablations_by_width.png" in [p.name for p in made]
+
+
+def test_labels_name_position_embeddings_where_an_architecture_departs_from_its_default():
+    assert model_label({"architecture": "transformer", "max_position_embeddings": 1024}) == "transformer"
+    assert model_label({"architecture": "transformer", "max_position_embeddings": 0}) == "transformer (no positions)"
+    assert model_label({"architecture": "mamba", "max_position_embeddings": 1024}) == "mamba (conv 4, positions)"
+    assert model_label({"architecture": "based", "short_conv_kernel": 2, "max_position_embeddings": 1024}) == \
+        "based (conv 2, positions)"
+    assert model_label({"architecture": "hyena", "max_position_embeddings": 0}) == "hyena"
+    assert model_label({"architecture": "hf:gpt2", "max_position_embeddings": 1024}) == "hf:gpt2"   # a context length
+    # the reference sweep that measures them: each paper architecture but the Transformer, 2 layers
+    depth = {r["label"] for r in sweep_rows("reference/depth") if r["layers"] == 2}
+    assert {"based (positions)", "mamba (conv 4, positions)", "hyena (positions)", "baseconv (positions)",
+            "h3 (positions)"} <= depth

@@ -179,7 +179,7 @@ def test_the_repositorys_queue_names_only_runs_that_exist():
     from pathlib import Path
 
     entries = read_queue(Path(__file__).resolve().parents[2] / "hf_mecheval" / "experiments" / "queue.yaml")
-    assert entries[0].sweep.name == "ref_width_ar" and all(e.runs() for e in entries)
+    assert entries[0].sweep.name == "ref_depth" and all(e.runs() for e in entries)
 
 
 def test_dry_run_lists_what_is_left(tmp_path, two_sweeps, capsys):
