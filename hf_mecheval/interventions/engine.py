@@ -54,12 +54,18 @@ def hooked(module: torch.nn.Module, fn):
 
 
 class InterventionEngine:
-    def __init__(self, model: torch.nn.Module):
+    """``entry_access``: where a site's mixer reads and patches entries itself
+    (``Site.reading_entries`` / ``patching_entries``: H3's state, whose trajectory (R, L, C, N)
+    it then never builds), hand it the positions instead of hooking the site; False hooks every
+    site (the same cells to float rounding)."""
+
+    def __init__(self, model: torch.nn.Module, entry_access: bool = True):
         for attr in ("model", "lm_head", "get_site", "site_names"):
             if not hasattr(model, attr):
                 raise MechEvalError(f"{type(model).__name__} is not an hf-mecheval model (it lacks `{attr}`)")
         self.model = model.eval()
         self.backbone = model.model
+        self.entry_access = entry_access
 
     # ------------------------------------------------------------------ pieces
     def answer_probs(self, final: torch.Tensor, query_pos: torch.Tensor, answer: torch.Tensor):
@@ -124,14 +130,23 @@ class InterventionEngine:
             # indexing copies the rows out, so the whole activation is freed once the model drops it
             store[name] = output.detach() if at is None else output.detach()[at[0], at[1]]
 
+        by_entries = [n for n in sites if at is not None and self._by_entries(self.model.get_site(n))]
         handles = [self.model.get_site(name).register_forward_hook(
-            lambda m, i, o, name=name: keep(m, i, o, name)) for name in sites]
+            lambda m, i, o, name=name: keep(m, i, o, name)) for name in sites if name not in by_entries]
         try:
-            final = self.full_forward(input_ids)
+            with contextlib.ExitStack() as stack:
+                found = {n: stack.enter_context(self.model.get_site(n).reading_entries(*at)) for n in by_entries}
+                final = self.full_forward(input_ids)
         finally:
             for h in handles:
                 h.remove()
+        store.update({n: entries[0] for n, entries in found.items()})
         return final, store
+
+    def _by_entries(self, site: torch.nn.Module) -> bool:
+        """Whether ``site`` is read and patched by handing its mixer the positions
+        (``Site.entry_access``) rather than by hooks."""
+        return self.entry_access and getattr(site, "entry_access", False)
 
     def full_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(R, L) tokens -> (R, L, D) residual after the last block."""
@@ -168,6 +183,11 @@ class InterventionEngine:
         """Run from the layer of ``site`` (``base_input`` as in ``patched_final``) with the site's
         activation at row ``r_idx[i]``, position ``p_idx[i]`` replaced by ``values[i]``
         (r_idx, p_idx (K,); values (K, ...)). Returns the final residual (R, L, D)."""
+        module = self.model.get_site(site)
+        if self._by_entries(module) and len(r_idx.unique()) == len(r_idx):
+            with module.patching_entries(r_idx, p_idx, values):
+                return self.run_from(site, base_input)
+
         def patch(module, inputs, output):
             # a state site shows a copy made for it (``Site.shows_copy``): patched in place, which
             # spares a copy of the largest activation there is ((R, L, C, N) for H3); any other
@@ -177,7 +197,7 @@ class InterventionEngine:
             output[r_idx, p_idx] = values.to(output.dtype)
             return output
 
-        with hooked(self.model.get_site(site), patch):
+        with hooked(module, patch):
             return self.run_from(site, base_input)
 
     @torch.no_grad()
@@ -234,6 +254,8 @@ class FullForwardEngine(InterventionEngine):
     take arguments of the family's own (attention masks, rotary embeddings, caches), so patched
     runs are whole forwards from the corrupted tokens instead of resuming at the patched layer,
     and the final residual is the last hidden state after the model's final norm."""
+
+    entry_access = False               # transformers' modules are read and patched through hooks only
 
     def __init__(self, sites):
         self.model = sites

@@ -109,6 +109,7 @@ from torch.nn import functional as F
 from .convolutions import ShortConv
 from .kernels import cpu_bilinear_taps, cpu_h3_kept_heads, cpu_shift_taps
 from .ops_long_conv import causal_conv
+from .ops_state_patch import lti_state_patch_effect, lti_states_at
 from .ops_ssm_taps import ConjugatePairTaps, PowerSumTaps
 from .recurrent_cache import RecurrentStateLayer, WindowAndRecurrentState
 from .sites import Site, through_state_site
@@ -390,14 +391,19 @@ class H3(WindowAndRecurrentState, nn.Module):
         L = x.shape[1]
         q, k, v = self.q_proj(x), zero_padding(self.k_proj(x), mask), self.v_proj(x)   # (B, L, D)
         k = self.conv_output(self._shift(k))                                   # (B, L, D)
-        if not self.state.wanted():
+        # whole states read or replaced at given positions (the intervention engine's,
+        # ``Site.reading_entries`` / ``patching_entries``): in closed form below, without the
+        # (B, L, C, N) trajectory, unless a hook wants the trajectory anyway
+        read, patch = self.state.entry_read, self.state.entry_patch
+        plain = read is None and patch is None and not self.state.wanted()
+        if plain:
             compiled = self._compiled_heads_at(q, k, v, keep)                  # what the paths below compute
             if compiled is not None:
                 return self.out_proj(compiled)
         u = self._outer(k, v)                                                  # (B, L, C)
         if self.state.wanted():
             s = self._ssm_via_states(u)
-        elif keep is not None and keep.shape[1] <= KEPT_POSITIONS_PATH_MAX:
+        elif plain and keep is not None and keep.shape[1] <= KEPT_POSITIONS_PATH_MAX:
             # the long convolution evaluated at the kept positions only
             # s_p = sum_l K[:, l] u_{p-l}: gather u at p - l (B, k, L, C), rather than the kernel at
             # p - t, whose backward (an index_put with accumulation) was slow on a CPU
@@ -408,6 +414,14 @@ class H3(WindowAndRecurrentState, nn.Module):
             q = at_positions(q, keep)                                          # (B, k, D)
         else:  # fast path: the SSM unrolled into one long convolution
             s = causal_conv(u, self.ssm_kernel(L), kernels=self.kernels) + self._skip() * u   # (B, L, C)
+            if read is not None or patch is not None:
+                response, readout = self._state_kernels(L)                     # (L, C, *state) each
+            if read is not None:
+                rows, positions, found = read
+                found.append(lti_states_at(u, rows, positions, response).to(u.dtype))
+            if patch is not None:
+                rows, positions, values = patch
+                s = s + lti_state_patch_effect(u, rows, positions, values, response, readout)
             if keep is not None:                                               # many answers per row (MQAR)
                 s, q = at_positions(s, keep), at_positions(q, keep)            # (B, k, C), (B, k, D)
         return self.out_proj(self._contract(q, s))
@@ -443,7 +457,8 @@ class H3Reference(H3):
 
         self.conv_output = Site("shift-SSM output on K plus its skip ssm_k_D * K, (batch, length, hidden)")
         self.state = Site("diagonal SSM state trajectory as the equivalent real system: (Re h, Im h), "
-                          "(batch, length, channels (i, j, head), d_state // 2, 2)", propagates_in_layer=True)
+                          "(batch, length, channels (i, j, head), d_state // 2, 2)", propagates_in_layer=True,
+                          entry_access=True)
 
     @torch.no_grad()
     def init_mecheval_parameters(self) -> None:
@@ -560,6 +575,19 @@ class H3Reference(H3):
         """dA, dB, C per outer-product channel, each (C, N/2) complex."""
         return [self._per_channel(t) for t in self.kernel.discretize()]
 
+    def _state_kernels(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The diagonal SSM in the state site's real coordinates (Re h, Im h), each (L, C, N/2, 2):
+        the state j steps after a unit input, (Re, Im) of dA^j dB, and the output j steps after a
+        unit state coordinate, 2 (Re C dA^j, -Im C dA^j) (``_readout``)."""
+        dA, dB, C = self.kernel.discretize()                                   # per head, (H, N/2) complex
+        lags = torch.arange(L, device=dA.device, dtype=dA.real.dtype)
+        powers = torch.polar(dA.abs()[..., None] ** lags, dA.angle()[..., None] * lags)   # (H, N/2, L): dA^j
+        response = torch.view_as_real(dB[..., None] * powers)                 # (H, N/2, L, 2)
+        gain = 2 * C[..., None] * powers
+        readout = torch.stack([gain.real, -gain.imag], dim=-1)                 # (H, N/2, L, 2)
+        as_lag_channel_state = lambda t: self._per_channel(t).permute(2, 0, 1, 3)   # (L, C, N/2, 2)
+        return as_lag_channel_state(response), as_lag_channel_state(readout)
+
     @staticmethod
     def _rotate(dA: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """dA e for e (..., N/2, 2) in real coordinates (Re, Im): each mode's 2x2 block
@@ -630,7 +658,7 @@ class H3MechEvalV1(H3):
 
         self.conv_output = Site("shift-SSM output on K, (batch, length, hidden)")
         self.state = Site("diagonal SSM state trajectory, (batch, length, channels, d_state)",
-                          propagates_in_layer=True)
+                          propagates_in_layer=True, entry_access=True)
 
     # --- pieces shared by forward and step ---------------------------------------------------
 
@@ -684,6 +712,14 @@ class H3MechEvalV1(H3):
 
     def _skip(self) -> torch.Tensor:
         return self._per_channel(self.D)
+
+    def _state_kernels(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state j steps after a unit input, b a^j, and the output j steps after a unit state
+        coordinate, C a^j; each (L, C, N)."""
+        dtA, b = self._discretize()                                            # (D, N)
+        powers = torch.exp(dtA[None] * torch.arange(L, device=dtA.device, dtype=dtA.dtype)[:, None, None])
+        per_channel = lambda t: self._per_channel(t.transpose(0, 1)).transpose(0, 1)   # (L, D, N) -> (L, D*P, N)
+        return per_channel(b * powers), per_channel(self.C * powers)
 
     def ssm_kernel(self, L: int) -> torch.Tensor:
         """K[c, l] = sum_n C b a^l, (D*P, L). The powers come from repeated multiplication (L small

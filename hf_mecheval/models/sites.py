@@ -41,6 +41,8 @@ warning when it wraps the model): ``layers[L].input`` is the block's input and
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -53,12 +55,51 @@ class Site(nn.Module):
     # it first. Elsewhere the activation is the model's own tensor, which it may use unpatched.
     shows_copy = False
 
-    def __init__(self, description: str, propagates_in_layer: bool = False):
+    def __init__(self, description: str, propagates_in_layer: bool = False, entry_access: bool = False):
         super().__init__()
         self.description = description
         self.propagates = propagates_in_layer
+        # True where the mixer reads and patches whole entries itself (``reading_entries``,
+        # ``patching_entries``) without building the activation: a time-invariant linear state
+        # (H3's, ops_state_patch)
+        self.entry_access = entry_access
+        self.entry_read = None
+        self.entry_patch = None
 
         self.materialize = False
+
+    @contextlib.contextmanager
+    def reading_entries(self, rows: torch.Tensor, positions: torch.Tensor):
+        """While inside, every forward through the mixer appends to the list yielded the site's
+        entries at row ``rows[i]``, position ``positions[i]`` ((K,) each): (K, ...), what a hook
+        would read as ``output[rows, positions]``, without materialising the rest. Only for a
+        site made with ``entry_access``; the intervention engine uses it."""
+        self._check_entry_access()
+        found: list[torch.Tensor] = []
+        self.entry_read = (rows, positions, found)
+        try:
+            yield found
+        finally:
+            self.entry_read = None
+
+    @contextlib.contextmanager
+    def patching_entries(self, rows: torch.Tensor, positions: torch.Tensor, values: torch.Tensor):
+        """While inside, the mixer replaces this site's whole entry at row ``rows[i]``, position
+        ``positions[i]`` by ``values[i]`` ((K,), (K,), (K, ...); each row at most once), as a
+        forward hook writing them would, without materialising the activation. Only for a site
+        made with ``entry_access``; the intervention engine uses it."""
+        self._check_entry_access()
+        if len(rows.unique()) != len(rows):
+            raise ValueError("patching_entries takes each row at most once")
+        self.entry_patch = (rows, positions, values)
+        try:
+            yield
+        finally:
+            self.entry_patch = None
+
+    def _check_entry_access(self) -> None:
+        if not self.entry_access:
+            raise TypeError(f"this site ({self.description}) is read and patched through hooks only")
 
     def wanted(self) -> bool:
         """Whether anyone may read or patch this site now: a hook is registered on it, its
@@ -133,6 +174,14 @@ def through_state_site(site: Site, states: torch.Tensor, transition) -> torch.Te
     site.shows_copy = True
     shown = states.clone()
     version = shown._version
+    # entries read or patched through the site's contexts while a hook observes it too: the patch
+    # applied first, so that the hook, the read and the rest of the layer all see it
+    if site.entry_patch is not None:
+        rows, positions, values = site.entry_patch
+        shown[rows, positions] = values.to(shown.dtype)
+    if site.entry_read is not None:
+        rows, positions, found = site.entry_read
+        found.append(shown[rows, positions].detach())
     patched = site(shown)
     untouched = patched is shown and shown._version == version
     # where a hook returned another tensor, the copy is dropped here rather than kept alive
