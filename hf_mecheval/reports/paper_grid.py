@@ -519,10 +519,17 @@ def layers_figure(rows: list[dict], path: Path) -> Path:
                 ax.text(0.5, 0.5, "no restoration measured\n(the model fails the task)", transform=ax.transAxes,
                         ha="center", va="center", fontsize=8, color="grey")
             ax.set_xticks(range(n), [f"L{layer}" for layer in range(n)])
+            ax.tick_params(labelleft=True)       # every panel its own scale: a row may hold one panel only
             ax.axhline(0, color="grey", lw=0.5)
             ax.set_ylim(-0.2, 1.2)
             ax.set_title(f"{label}, {n} layer{'s' if n > 1 else ''} ({_acc(s)})", fontsize=8)
-    axes[0][-1].legend(fontsize=7, loc="upper right")
     fig.supylabel("restoration at the layer's input (key corrupted)")
-    fig.suptitle("Restoration by layer, width 64 (chosen rate; mean over seeds)")
-    return save_figure(fig, path)
+    # the title, then one legend for every panel under it (inside a panel it covered that panel's
+    # lines), then the panels; in inches from the top, whatever the figure's height
+    inches = lambda d: 1 - d / fig.get_figheight()
+    fig.suptitle("Restoration by layer, width 64 (chosen rate; mean over seeds)", y=inches(0.08), va="top")
+    handles = [plt.Line2D([], [], marker="o", color=colour, label=f"@{p}") for p, colour in colours.items()]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
+               bbox_to_anchor=(0.5, inches(0.4)), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, inches(0.6)))
+    return save_figure(fig, path, layout=False)

@@ -77,11 +77,13 @@ def restoration_curves(history: list[dict], path: str | Path, title: str = "") -
     return save_figure(fig, path)
 
 
-def save_figure(fig, path) -> Path:
+def save_figure(fig, path, layout: bool = True) -> Path:
     """``fig`` as the PNG ``path``, written atomically (a fresh temporary beside it, never a name
-    that could already be a link), replacing what is there."""
+    that could already be a link), replacing what is there; laid out tightly first unless the
+    caller did (``layout=False``: a figure-level legend placed around the laid-out panels)."""
     path = Path(path)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     try:
         with atomic_path(path, overwrite=True) as tmp:
             fig.savefig(tmp, dpi=110, format="png")

@@ -133,11 +133,25 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def figure_labels(rows: list[dict]) -> list[str]:
+    """Each run's model in a figure of these rows: its label, with its number of layers where the
+    rows hold several depths (a depth sweep's 1-layer Mamba beside 2-layer ones) and its task
+    where they hold several tasks."""
+    several_depths = len({r.get("layers") for r in rows}) > 1
+    several_tasks = len({r.get("task") for r in rows}) > 1
+    out = []
+    for r in rows:
+        label = r["label"]
+        if several_depths:
+            label = f"{label}, {r.get('layers')} layer{'' if r.get('layers') == 1 else 's'}"
+        out.append(f"{r.get('task')}: {label}" if several_tasks else label)
+    return out
+
+
 def run_tick_labels(rows: list[dict]) -> list[str]:
-    """Each run's label, with its learning rate and seed where runs would otherwise share one, and
-    its task where the rows hold more than one."""
-    if len({r.get("task") for r in rows}) > 1:
-        rows = [{**r, "label": f"{r.get('task')}: {r['label']}"} for r in rows]
+    """Each run's model (``figure_labels``), with its learning rate and seed where runs would
+    otherwise share one."""
+    rows = [{**r, "label": label} for r, label in zip(rows, figure_labels(rows))]
     labels = [r["label"] for r in rows]
     out = []
     for r, label in zip(rows, labels):
@@ -161,15 +175,16 @@ SCATTER_MARKERS = "osD^vP*Xh<>p"
 
 
 def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
-    """Restoration @x against @y of every run: one colour and one hollow marker shape per model (per
-    task and model where the rows hold several tasks), named once in a legend beside the axes with
+    """Restoration @x against @y of every run: one colour and one hollow marker shape per model
+    (``figure_labels``: per task and depth where the rows hold several), named once in a legend beside the axes with
     its number of runs. Text beside each point ran into its neighbours wherever runs sat close
     together; a legend cannot, and hollow shapes of different forms stay visible on one spot (the
     width sweep puts four models at (@query 1, @key 0)). Marker size: test accuracy."""
     rows = [r for r in rows if r.get(f"@{x}") is not None and r.get(f"@{y}") is not None]
     several_tasks = len({r.get("task") for r in rows}) > 1
-    key = (lambda r: f"{r.get('task')}: {r['label']}") if several_tasks else (lambda r: r["label"])
-    models = sorted({key(r) for r in rows})
+    names = {id(r): label for r, label in zip(rows, figure_labels(rows))}
+    key = lambda r: names[id(r)]
+    models = sorted(set(names.values()))
     fig, ax = plt.subplots(figsize=(7.6, 5))
     if not rows:      # an empty plane says why it is empty
         ax.text(0.5, 0.5, f"no run has a restoration score @{x} and @{y}", ha="center", va="center",

@@ -197,3 +197,41 @@ def test_labels_name_position_embeddings_where_an_architecture_departs_from_its_
     depth = {r["label"] for r in sweep_rows("reference/depth") if r["layers"] == 2}
     assert {"based (positions)", "mamba (conv 4, positions)", "hyena (positions)", "baseconv (positions)",
             "h3 (positions)"} <= depth
+
+
+def test_the_layers_figure_keeps_its_legend_off_the_panels_and_a_scale_on_each(results, tmp_path, monkeypatch):
+    from hf_mecheval.reports import paper_grid, plots
+
+    seen, save = {}, plots.save_figure
+
+    def look(fig, path, layout=True):                  # the figure as laid out, then the PNG
+        if path.name == "restoration_by_layer.png":
+            renderer = fig.canvas.get_renderer()
+            panels = [ax for ax in fig.axes if ax.axison]
+            seen["legend"] = fig.legends[0].get_window_extent(renderer)
+            seen["title"] = fig._suptitle.get_window_extent(renderer)
+            seen["panels"] = [ax.get_tightbbox(renderer) for ax in panels]
+            seen["scales"] = [[t.get_text() for t in ax.get_yticklabels()] for ax in panels]
+            seen["names"] = [t.get_text() for t in fig.legends[0].get_texts()]
+        return save(fig, path, layout)
+    monkeypatch.setattr(plots, "save_figure", look)
+    paper_grid.grid_figures(results, tmp_path)
+    assert seen["names"] == ["@key", "@value", "@query"]
+    assert not seen["legend"].overlaps(seen["title"])
+    assert not any(seen["legend"].overlaps(p) or seen["title"].overlaps(p) for p in seen["panels"])
+    # rows holding one depth only (hyena's 2 layers) have their panel in the second column: it
+    # shows its own scale, as every panel does
+    assert len(seen["panels"]) > 3 and all("1.00" in labels for labels in seen["scales"])
+
+
+def test_figures_of_runs_at_several_depths_name_each_runs_depth():
+    from hf_mecheval.reports.report import figure_labels, run_tick_labels
+
+    rows = [{"label": "mamba (conv 4)", "layers": 1, "task": "ar_32", "learning_rate": 1e-2, "seed": 0},
+            {"label": "mamba (conv 4)", "layers": 2, "task": "ar_32", "learning_rate": 1e-2, "seed": 0},
+            {"label": "transformer", "layers": 1, "task": "ar_32", "learning_rate": 1e-3, "seed": 0}]
+    assert figure_labels(rows) == ["mamba (conv 4), 1 layer", "mamba (conv 4), 2 layers", "transformer, 1 layer"]
+    assert run_tick_labels(rows) == figure_labels(rows)          # no longer two runs under one name
+    assert figure_labels(rows[:1]) == ["mamba (conv 4)"]         # one depth: nothing to tell apart
+    assert figure_labels([{**r, "task": t} for r, t in zip(rows[1:], ("atr_gen", "ar_32"))]) == \
+        ["atr_gen: mamba (conv 4), 2 layers", "ar_32: transformer, 1 layer"]
