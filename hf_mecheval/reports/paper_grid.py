@@ -48,13 +48,23 @@ def grid_rows(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
     """Each block's rows, the width-64 (2-layer) column of the reference setting included:
     "ar" (2 layers, every width), "ablations" (Mamba and Based, every short convolution, widths 64
     and 256: conv 4 and Based's default 3 are "ar"'s runs), "depth" (width 64, 1-3 layers), "atr"."""
+    depth = _reference(results, "ref_depth")
+    # the 2-layer runs with the reference's positions (depth.yaml) are also the width-64 column of
+    # those models in the width grid, beside width_ar's positions runs at 256
+    with_positions = [r for r in depth if r["layers"] == 2 and "positions" in _label_extras(r["label"])]
     ar = [r for r in _reference(results, "ref_recipe_ar") + _reference(results, "ref_width_ar") if r["layers"] == 2]
     ablations = _reference(results, "ref_recipe_ablations") + _reference(results, "ref_width_ablations")
     ablations += [r for r in ar if r["label"] in ("mamba (conv 4)", "based") and r["hidden_size"] in (64, PAPER_WIDTH)]
-    depth = _reference(results, "ref_depth")
     depth += [r for r in ar if r["hidden_size"] == 64 and r["architecture"] in {d["architecture"] for d in depth}]
+    ar += with_positions
     atr = _reference(results, "ref_recipe_atr") + _reference(results, "ref_atr_languages")
     return {"ar": ar, "ablations": ablations, "depth": depth, "atr": atr}
+
+
+def _label_extras(label: str) -> list[str]:
+    """What ``model_label`` adds in brackets: "mamba (conv 4, positions)" -> ["conv 4", "positions"]
+    ("transformer (no positions)" -> ["no positions"])."""
+    return label.partition(" (")[2].rstrip(")").split(", ") if " (" in label else []
 
 
 def cells(rows: list[dict], key) -> dict[tuple, Selection]:

@@ -237,3 +237,20 @@ def test_figures_of_runs_at_several_depths_name_each_runs_depth():
     assert figure_labels(rows[:1]) == ["mamba (conv 4)"]         # one depth: nothing to tell apart
     assert figure_labels([{**r, "task": t} for r, t in zip(rows[1:], ("atr_gen", "ar_32"))]) == \
         ["atr_gen: mamba (conv 4), 2 layers", "ar_32: transformer, 1 layer"]
+
+
+def test_the_positions_runs_stand_in_the_width_grid_and_once_in_the_depth_block(results):
+    rows = grid_rows(results)
+    positions = lambda r: r["label"].endswith(", positions)") or r["label"].endswith(" (positions)")
+    planned_positions = [r for r in results["ref_depth"] if positions(r)]
+    assert {r["label"] for r in planned_positions} == {"based (positions)", "mamba (conv 4, positions)",
+                                                       "hyena (positions)", "baseconv (positions)", "h3 (positions)"}
+    ar_positions = [r for r in rows["ar"] if positions(r)]
+    # depth.yaml's five at width 64, width_ar.yaml's Mamba and Based at 256
+    assert sorted((r["label"], r["hidden_size"]) for r in ar_positions) == sorted(
+        [(r["label"], 64) for r in planned_positions] + [("based (positions)", 256), ("mamba (conv 4, positions)", 256)])
+    assert len({id(r) for r in rows["depth"]}) == len(rows["depth"])
+    assert sum(1 for r in rows["depth"] if positions(r)) == len(planned_positions)
+    assert not any(r["label"] == "transformer (no positions)" for r in rows["ar"])
+    table = grid_tables(results)["grid_width_ar"]
+    assert "| mamba (conv 4, positions) | 64 |" in table and "| mamba (conv 4, positions) | 256 |" in table
