@@ -18,6 +18,7 @@ from ..resources import check_memory
 from ..tasks.presets import get_preset, task_from_dict
 from . import plots
 from ..runs import RunDir
+from ..runs.run_dir import read_model_config
 from ..runs.files import GridSettings, distance_summary, format_score, last_layer_summary
 from ..runs.manifest import claim_output_folder, recording
 from ..runs.model_card import write_model_card
@@ -104,16 +105,13 @@ def _config_that_fits(run_dir: Path):
     """The model's configuration, once config.json is found to be an object naming a model type
     and the model it describes to fit in memory: counted before it is built (a config edited to
     10^6 layers would otherwise be built first)."""
-    from transformers import AutoConfig
-
     from ..adapters.native_config import count_native_parameters
     from ..models import MechEvalConfig, count_parameters
 
-    read_json(run_dir / "config.json", {"model_type": str})
+    config = read_model_config(run_dir)
     try:
-        config = AutoConfig.from_pretrained(run_dir)
         params = count_parameters(config) if isinstance(config, MechEvalConfig) else count_native_parameters(config)
-    except (ValueError, OSError, KeyError, TypeError, AttributeError, OverflowError, RuntimeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RuntimeError) as exc:
         raise MechEvalError(f"cannot read the model configuration in {run_dir}: {(str(exc).splitlines() or [''])[0]}") \
             from None
     check_memory(f"the model in {run_dir} ({params:,} parameters)", {"weights and a forward's activations": 8 * params})

@@ -12,10 +12,8 @@ import json
 from pathlib import Path
 
 from ..adapters.native_config import is_native
-from ..errors import MechEvalError
-from ..inputs import read_json
 from .files import format_score, last_layer_summary
-from .run_dir import RunDir
+from .run_dir import RunDir, read_model_config
 from .manifest import write_run_file
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
@@ -127,8 +125,6 @@ def complete_for_hub(run_dir: str | Path) -> None:
     """What a checkpoint on the Hub needs besides the weights, for a run saved before hf-mecheval
     wrote it: the model's code with the ``auto_map`` in config.json (``save_remote_code``), and
     the tokenizer of the run's task."""
-    from transformers import AutoConfig
-
     from ..models import auto_map, require_checkpoint_architecture, save_remote_code
     from ..models.registry import spec_for_config
     from ..tasks.presets import get_preset, task_from_dict
@@ -137,12 +133,7 @@ def complete_for_hub(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     record, _ = RunDir(run_dir).finished_run()
     require_checkpoint_architecture(run_dir)
-    read_json(run_dir / "config.json", {"model_type": str})
-    try:
-        config = AutoConfig.from_pretrained(run_dir)
-    except (ValueError, OSError, KeyError, TypeError) as exc:     # an unknown model type, a field of the wrong type
-        raise MechEvalError(f"cannot read the model configuration in {run_dir}: {(str(exc).splitlines() or [''])[0]}") \
-            from None
+    config = read_model_config(run_dir)
     # transformers' own models (hf:...) need no code beside the weights, a plug-in's model needs
     # its package rather than remote code: only built-in architectures carry theirs
     native = is_native(record["model"].get("architecture") or "")

@@ -252,6 +252,20 @@ IGNORED_MODEL_FIELDS = ("transformers_version", "use_cache")
 """Model fields that do not decide a run's result (``use_cache``: what a forward returns by default)."""
 
 
+def read_model_config(run_dir: str | os.PathLike):
+    """The run's config.json as the transformers configuration it describes, once it is found to be
+    a JSON object naming a model type; where transformers cannot read it (an unknown model type, a
+    field of the wrong type), one line naming the run."""
+    from transformers import AutoConfig
+
+    read_json(Path(run_dir) / "config.json", {"model_type": str})
+    try:
+        return AutoConfig.from_pretrained(run_dir)
+    except (ValueError, OSError, KeyError, TypeError, AttributeError, OverflowError, RuntimeError) as exc:
+        raise MechEvalError(f"cannot read the model configuration in {run_dir}: {(str(exc).splitlines() or [''])[0]}") \
+            from None
+
+
 def recorded_model(model: dict) -> dict:
     """A run record's model fields, completed with what a record from before a field existed was
     built with (its config class's ``LEGACY_FIELDS``: e.g. ``init_scheme`` "normal", Hyena's
