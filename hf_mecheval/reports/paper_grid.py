@@ -394,10 +394,25 @@ def grid_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
     return made
 
 
-def _colours(labels) -> dict[str, tuple]:
+def _styles(labels) -> dict[str, dict]:
+    """Line keywords per label: a colour and a marker per model; the model given the reference's
+    positions ("mamba (conv 4, positions)") in its model's colour and marker, hollow and dashed,
+    so that the two read as one architecture either way (ten colours would otherwise run out)."""
     import matplotlib.pyplot as plt
 
-    return {label: plt.cm.tab10(i % 10) for i, label in enumerate(sorted(labels, key=_order))}
+    def model(label: str) -> str:
+        extras = [e for e in _label_extras(label) if e != "positions"]
+        name = label.partition(" (")[0]
+        return f"{name} ({', '.join(extras)})" if extras else name
+
+    models = sorted({model(label) for label in labels}, key=_order)
+    styles = {}
+    for label in labels:
+        i = models.index(model(label))
+        styles[label] = {"color": plt.cm.tab10(i % 10), "marker": _marker(i)}
+        if "positions" in _label_extras(label):
+            styles[label].update(linestyle="--", markerfacecolor="white")
+    return styles
 
 
 def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
@@ -410,19 +425,18 @@ def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
 
     sel = by_width(rows)
     labels = sorted({label for label, _ in sel}, key=_order)
-    colour = _colours(labels)
+    style = _styles(labels)
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for i, label in enumerate(labels):
         pts = sorted((d, s) for (l, d), s in sel.items() if l == label)
         nudge = _nudge(i, len(labels))
-        ax.plot([d * nudge for d, _ in pts], [100 * s.accuracy() for _, s in pts], marker=_marker(i),
-                color=colour[label], label=label)
+        ax.plot([d * nudge for d, _ in pts], [100 * s.accuracy() for _, s in pts], label=label, **style[label])
         for d, s in pts:
-            ax.scatter([d * nudge] * len(s.best), [100 * r["test_accuracy"] for r in s.best], color=colour[label],
-                       s=14, alpha=0.5)
+            ax.scatter([d * nudge] * len(s.best), [100 * r["test_accuracy"] for r in s.best],
+                       color=style[label]["color"], s=14, alpha=0.5)
         if label in PAPER_AR_WIDTH_256:
-            ax.scatter([PAPER_WIDTH * 1.08], [PAPER_AR_WIDTH_256[label]], marker="_", s=300, color=colour[label],
-                       linewidths=3)
+            ax.scatter([PAPER_WIDTH * 1.08], [PAPER_AR_WIDTH_256[label]], marker="_", s=300,
+                       color=style[label]["color"], linewidths=3)
     ax.scatter([], [], marker="_", s=300, color="black", linewidths=3, label="paper, width 256")
     _width_axis(ax)
     ax.set_ylabel("AR test accuracy (%)")
@@ -462,7 +476,7 @@ def restoration_width_figure(rows: list[dict], path: Path) -> Path:
 
     sel = by_width(rows)
     labels = sorted({label for label, _ in sel}, key=_order)
-    colour = _colours(labels)
+    style = _styles(labels)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
     for ax, p in zip(axes, ("value", "query", "key")):
         for i, label in enumerate(labels):
@@ -471,8 +485,7 @@ def restoration_width_figure(rows: list[dict], path: Path) -> Path:
             pts = [(d, v) for d, v in pts if v is not None]
             if pts:
                 nudge = _nudge(i, len(labels))
-                ax.plot([d * nudge for d, _ in pts], [v for _, v in pts], marker=_marker(i), color=colour[label],
-                        label=label)
+                ax.plot([d * nudge for d, _ in pts], [v for _, v in pts], label=label, **style[label])
         _width_axis(ax)
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_ylim(-0.2, 1.2)

@@ -254,3 +254,19 @@ def test_the_positions_runs_stand_in_the_width_grid_and_once_in_the_depth_block(
     assert not any(r["label"] == "transformer (no positions)" for r in rows["ar"])
     table = grid_tables(results)["grid_width_ar"]
     assert "| mamba (conv 4, positions) | 64 |" in table and "| mamba (conv 4, positions) | 256 |" in table
+
+
+def test_a_model_with_the_reference_positions_is_drawn_as_its_model_hollow_and_dashed():
+    from hf_mecheval.reports.paper_grid import _styles
+
+    labels = ["transformer", "based", "based (positions)", "mamba (conv 4)", "mamba (conv 4, positions)",
+              "transformer (no positions)"]
+    style = _styles(labels)
+    for model, variant in (("based", "based (positions)"), ("mamba (conv 4)", "mamba (conv 4, positions)")):
+        assert (style[variant]["color"], style[variant]["marker"]) == (style[model]["color"], style[model]["marker"])
+        assert style[variant]["linestyle"] == "--" and style[variant]["markerfacecolor"] == "white"
+        assert "linestyle" not in style[model]
+    # a model of its own: the Transformer without positions is not the Transformer with them, restyled
+    assert "linestyle" not in style["transformer (no positions)"]
+    models = ["transformer", "based", "mamba (conv 4)", "transformer (no positions)"]
+    assert len({style[m]["color"] for m in models}) == len(models)
