@@ -19,7 +19,7 @@ from hf_mecheval.models.modeling_mecheval import remote_code_files
 from test_models import ARCHS, tiny
 
 # what the remote code may import besides its own files: the standard library and torch + transformers
-ALLOWED = {"__future__", "dataclasses", "functools", "importlib", "math", "pathlib", "shutil", "torch", "transformers"}
+ALLOWED = {"__future__", "contextlib", "dataclasses", "functools", "importlib", "math", "pathlib", "shutil", "torch", "transformers"}
 
 
 def test_the_remote_code_is_self_contained():
