@@ -2,12 +2,14 @@
 
 What one batch holds grows with its documents: the clean activations cached where they are
 patched in, the corrupted residual streams, and the patched runs of one site at a time (one row
-per (position, document)), whose size depends on the model's internals (H3's state trajectory,
-(L, C, N) per row, is a thousand times its residual stream). So it is measured, not estimated:
+per (position, document)), whose size depends on the model's internals (a state trajectory
+built for a hook, such as Mamba's, (L, C, N) per row, is many times its residual stream). So it is measured, not estimated:
 one document (the longest) runs through the engine while every tensor allocated is counted, and
 the peak of what was alive at once is its cost. A batch of b documents is taken to cost b times
-that (the per-document parts are proportional; what is not, such as a kernel's taps, is small
-and counted b times over). ``fitting_batch_size`` picks the largest batch, up to the one asked
+that (the per-document parts are proportional; what is not is counted b times over: a kernel's
+taps, small, or the lag kernels of H3's state read in closed form, (length, channels, d_state)
+twice, about 155 MB at width 256, where the batch then comes out at 42 documents rather than 64:
+safe, a few more batches than needed). ``fitting_batch_size`` picks the largest batch, up to the one asked
 for, that fits in ``SAFE_FRACTION`` of the memory available now, and refuses with the estimate
 when one document does not fit.
 
