@@ -13,7 +13,8 @@ no divider). The model is then labelled per query distance as well (``mechanism_
 examples whose query lies at most the median ``query_pos - key_pos`` from its pair are "near",
 the others "far"), from the same cells at the last layer's input.
 
-``batch_size`` is an upper bound: the grid measures the memory of one document first and, where
+``batch_size`` is an upper bound: the grid measures the memory of one and of two copies of a
+document first (what is fixed per batch, what each document adds) and, where
 the batch asked for would not fit in half of the memory available, runs smaller batches (saying
 so on stderr); where one document does not fit, it refuses with the estimate
 (``interventions.memory``). Restoration is per document, so results do not depend on the batch
@@ -90,23 +91,24 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
     broken = {which: corrupt(ids, data.columns[f"{which}_pos"], task.token_classes, seed=seed, lengths=lengths)
               for which in corruptions}
 
-    def run_batch(which: str, sl: slice) -> dict:
-        """The engine on documents ``sl``, cut to the longest of them."""
+    def run_batch(which: str, sl) -> dict:
+        """The engine on documents ``sl`` (a slice, or indices: the memory probe repeats one), cut
+        to the longest of them."""
         width = int(lengths[sl].max())
         t = lambda a: torch.as_tensor(np.asarray(a)[sl], device=device).long()
         return engine.run(t(ids)[:, :width], t(broken[which].input_ids)[:, :width],
                           {p: t(data.columns[f"{p}_pos"]) for p in positions},
                           t(data.columns["query_pos"]), t(data.columns["answer"]), sites)
 
-    # A batch's memory is proportional to its documents and depends on the model's internals:
-    # measured on the most expensive document (the longest; then the one with the most positions
-    # to patch), the batch is lowered to what fits, or the grid refused with the estimate. The
+    # A batch's memory grows with its documents and depends on the model's internals: measured on
+    # one and two copies of the most expensive document (the longest; then the one with the most
+    # positions to patch), the batch is lowered to what fits, or the grid refused with the estimate. The
     # probe's results are dropped: every document is measured in its batch, as asked.
     live = sum((np.asarray(data.columns[f"{p}_pos"]) >= 0).astype(np.int64) for p in positions)    # (N,)
     probe = int(np.lexsort((-live, -np.asarray(lengths)))[0])
     if corruptions:
         batch_size = fitting_batch_size(
-            lambda: run_batch(corruptions[0], slice(probe, probe + 1)), batch_size, device,
+            lambda copies: run_batch(corruptions[0], np.full(copies, probe)), batch_size, device,
             f"the intervention grid ({len(sites)} sites, documents of {int(lengths[probe])} tokens) on one document")
     for which in corruptions:
         acc = {k: [] for k in ("p_clean", "p_corrupt", "pred_clean", "pred_corrupt")}

@@ -4,14 +4,14 @@ What one batch holds grows with its documents: the clean activations cached wher
 patched in, the corrupted residual streams, and the patched runs of one site at a time (one row
 per (position, document)), whose size depends on the model's internals (a state trajectory
 built for a hook, such as Mamba's, (L, C, N) per row, is many times its residual stream). So it is measured, not estimated:
-one document (the longest) runs through the engine while every tensor allocated is counted, and
-the peak of what was alive at once is its cost. A batch of b documents is taken to cost b times
-that (the per-document parts are proportional; what is not is counted b times over: a kernel's
-taps, small, or the lag kernels of H3's state read in closed form, (length, channels, d_state)
-twice, about 155 MB at width 256, where the batch then comes out at 42 documents rather than 64:
-safe, a few more batches than needed). ``fitting_batch_size`` picks the largest batch, up to the one asked
-for, that fits in ``SAFE_FRACTION`` of the memory available now, and refuses with the estimate
-when one document does not fit.
+the most expensive document (the longest) runs through the engine once alone and once as a batch
+of two copies, while every tensor allocated is counted, and the peak of what was alive at once
+is each one's cost. The difference is what one more document adds; the rest is fixed per batch
+(the lag kernels of H3's state read in closed form, (length, channels, d_state) twice, about
+155 MB at width 256, which counted once per document had cut its batches from 64 documents to
+42). ``fitting_batch_size`` picks the largest batch, up to the one asked for, whose fixed part
+plus that many documents fits in ``SAFE_FRACTION`` of the memory available now, and refuses with
+the estimate when one document does not fit.
 
 Not counted: memory that kernels allocate for themselves below torch's dispatcher (BLAS or
 cuDNN workspaces) and the allocator's own slack; the margin left by ``SAFE_FRACTION`` covers them.
@@ -101,10 +101,11 @@ def memory_budget(device: torch.device) -> tuple[int, str] | None:
     return int(SAFE_FRACTION * free), f"{SAFE_FRACTION:.0%} of the {format_bytes(free)} {where} now"
 
 
-def fitting_batch_size(run_one, requested: int, device: torch.device, what: str) -> int:
+def fitting_batch_size(run_copies, requested: int, device: torch.device, what: str) -> int:
     """The largest batch size up to ``requested`` whose measured memory fits the budget.
 
-    run_one(): the grid's work on its most expensive document, as one batch (measured here).
+    run_copies(n): the grid's work on n copies of its most expensive document, as one batch
+    (measured here for n = 1 and 2).
     what: the work, for the messages (e.g. "the intervention grid (16 sites, 37 tokens a document)").
     Says on stderr when it lowers the batch size; raises MechEvalError (check_memory's message)
     when one document does not fit."""
@@ -112,16 +113,24 @@ def fitting_batch_size(run_one, requested: int, device: torch.device, what: str)
     if budget is None:
         return requested                      # nothing to measure against
     limit, described = budget
-    with TensorMemory() as memory:
-        run_one()
-    per_document = max(memory.peak, 1)
-    check_memory(what, {"its activations, cached and patched, measured": per_document},
-                 limit=limit, has=f"free for it ({described})",
-                 advice="evaluate fewer sites (a recurrent state trajectory, where there is one, is by far the "
-                        "largest), or free memory")
-    fits = min(requested, limit // per_document)
+    peaks = []
+    for copies in (1, 2):
+        with TensorMemory() as memory:
+            run_copies(copies)
+        peaks.append(max(memory.peak, 1))
+        if copies == 1:                       # a document that does not fit alone is refused before two run
+            check_memory(what, {"its activations, cached and patched, measured": peaks[0]},
+                         limit=limit, has=f"free for it ({described})",
+                         advice="evaluate fewer sites (a recurrent state trajectory, where there is one, is by far "
+                                "the largest), or free memory")
+    one, two = peaks
+    # what a second copy adds is what each document costs; where it adds nothing measurable, every
+    # document is taken to cost all of the first one's
+    per_document = two - one if two > one else one
+    fixed = one - per_document
+    fits = max(1, min(requested, (limit - fixed) // per_document))
     if fits < requested:
-        print(f"interventions: batches of {fits} documents instead of {requested}: one document takes about "
-              f"{format_bytes(per_document)} (measured), and {format_bytes(limit)} is free for the grid "
-              f"({described})", file=sys.stderr)
+        print(f"interventions: batches of {fits} documents instead of {requested}: each document takes about "
+              f"{format_bytes(per_document)} beyond {format_bytes(fixed)} a batch (measured), and "
+              f"{format_bytes(limit)} is free for the grid ({described})", file=sys.stderr)
     return fits

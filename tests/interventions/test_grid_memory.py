@@ -43,15 +43,15 @@ def _per_example(result):
     return {c: result["corruptions"][c]["per_example"] for c in result["corruptions"]}
 
 
-def _one_document_bytes(model, data):
-    """What the grid measures: the engine on one document (they are all alike here)."""
+def _documents_bytes(model, data, n=1):
+    """What the grid measures: the engine on the first n documents (they are all alike here)."""
     from hf_mecheval.interventions.engine import engine_for
     from hf_mecheval.tasks.corruption import corrupt
 
-    ids = torch.as_tensor(data.padded()[:1]).long()
+    ids = torch.as_tensor(data.padded()[:n]).long()
     broken = torch.as_tensor(corrupt(data.padded(), data.columns["key_pos"], TASK.token_classes, seed=0,
-                                     lengths=data.lengths).input_ids[:1]).long()
-    col = lambda c: torch.as_tensor(data.columns[c][:1]).long()
+                                     lengths=data.lengths).input_ids[:n]).long()
+    col = lambda c: torch.as_tensor(data.columns[c][:n]).long()
     engine = engine_for(model)
     with TensorMemory() as memory:
         engine.run(ids, broken, {p: col(f"{p}_pos") for p in ("key", "value", "divider", "query", "answer")},
@@ -64,14 +64,18 @@ def test_batch_is_lowered_under_a_small_memory_limit_and_results_do_not_change(m
     assert len(set(data.lengths.tolist())) == 1           # every document costs the same
     full = run_grid(model, TASK, data, batch_size=12, n_resamples=50, progress=False)
     assert not LOWERED.search(capsys.readouterr().err)      # plenty of memory: the batch asked for
-    per_document = _one_document_bytes(model, data)
-    # room for 4.5 documents' worth in the grid's share of the (fake) machine
-    monkeypatch.setattr("hf_mecheval.resources.memory_limit", lambda: int(4.5 * per_document / SAFE_FRACTION))
+    one, two = _documents_bytes(model, data, 1), _documents_bytes(model, data, 2)
+    per_document, fixed = two - one, 2 * one - two            # what each document adds; the rest a batch holds
+    assert 0 < per_document and 0 <= fixed
+    # room for 4.5 lone documents' worth in the grid's share of the (fake) machine: the fixed part
+    # once, then as many documents as the rest holds
+    monkeypatch.setattr("hf_mecheval.resources.memory_limit", lambda: int(4.5 * one / SAFE_FRACTION))
     lowered = run_grid(model, TASK, data, batch_size=12, n_resamples=50, progress=False)
     found = LOWERED.search(capsys.readouterr().err)
     assert found and int(found.group(2)) == 12
     chosen = int(found.group(1))
-    assert 3 <= chosen <= 5, chosen
+    expected = (int(4.5 * one / SAFE_FRACTION * SAFE_FRACTION) - fixed) // per_document
+    assert 4 <= chosen and abs(chosen - expected) <= 1, (chosen, expected)
     # restoration is per document: the batch size changes nothing beyond float rounding
     for which, entry in _per_example(full).items():
         other = _per_example(lowered)[which]
@@ -92,7 +96,7 @@ def test_one_document_that_does_not_fit_is_refused_with_the_estimate(monkeypatch
     from hf_mecheval.errors import MechEvalError
 
     model, data = _h3(), TASK.generate(8, "test", 1)
-    per_document = _one_document_bytes(model, data)
+    per_document = _documents_bytes(model, data)
     monkeypatch.setattr("hf_mecheval.resources.memory_limit", lambda: per_document)   # half is free for it
     with pytest.raises(MechEvalError, match=r"the intervention grid \(16 sites, documents of \d+ tokens\) on one "
                                             r"document would need about .* free for it \(50% of the"):
