@@ -33,6 +33,9 @@ JSON schema (``mecheval evaluate`` writes it as ``interventions.json``)::
      "mechanism_by_distance": {"boundary": b, "site": "layers.L.input", "groups": {"near" | "far": {
          "examples", "distance": [lo, hi], "clean_accuracy", "cells": {"key" | "value" | "query": {...}},
          "mechanism": {...}}}}}        (documents with one answer per query only)
+
+``mecheval evaluate`` adds ``settings``, ``run`` and ``seconds`` ({"wall", "cpu"}: what the
+grid took, this process's CPU time on all its threads).
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ The documents are the run's own test split (same task, same dataset seed) unless
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from ..errors import MechEvalError, some_of
@@ -188,8 +189,11 @@ def _evaluate(run_dir, model, task, record, out, n, split, seed, sites, batch_si
     if 0 < positions < int(data.lengths.max()):
         raise MechEvalError(f"the model in {run_dir} has {positions} position embeddings but these {split} "
                             f"documents are up to {int(data.lengths.max())} tokens long")
+    wall, cpu = time.perf_counter(), time.process_time()
     result = run_grid(model, task, data, sites=sites, batch_size=batch_size, n_resamples=n_resamples,
                       progress=progress)
+    # what the grid cost, beside training's in metrics.json: the other part of a run's cost
+    result["seconds"] = {"wall": round(time.perf_counter() - wall, 2), "cpu": round(time.process_time() - cpu, 2)}
     result["settings"] = GridSettings(n, split, seed, tuple(sites) if sites else None, n_resamples).record(seed)
     result["run"] = {"run_dir": str(run_dir), "architecture": record["model"].get("architecture"),
                      "task": record["task"]["preset"], "split": split, "dataset_seed": seed,

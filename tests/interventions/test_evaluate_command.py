@@ -39,6 +39,8 @@ def test_evaluate_writes_json_and_plots(run_dir, capsys, monkeypatch):
     assert "layers.1.mixer.state" in result["sites"] and result["run"]["architecture"] == "mamba"
     n_cells = len(result["sites"]) * len(result["positions"])
     assert len(result["corruptions"]["key"]["cells"]) == n_cells
+    # what the grid took, the part of a run's cost that training's clock does not see
+    assert set(result["seconds"]) == {"wall", "cpu"} and all(result["seconds"][k] > 0 for k in ("wall", "cpu"))
     for name in ("residual_key.png", "residual_value.png", "sites_key.png", "sites_value.png",
                  "restoration_history.png"):
         data = (folder / name).read_bytes()
