@@ -130,12 +130,13 @@ class InterventionEngine:
             # indexing copies the rows out, so the whole activation is freed once the model drops it
             store[name] = output.detach() if at is None else output.detach()[at[0], at[1]]
 
-        by_entries = [n for n in sites if at is not None and self._by_entries(self.model.get_site(n))]
-        handles = [self.model.get_site(name).register_forward_hook(
+        modules = {name: self.model.get_site(name) for name in sites}
+        by_entries = [n for n in sites if at is not None and self._by_entries(modules[n])]
+        handles = [modules[name].register_forward_hook(
             lambda m, i, o, name=name: keep(m, i, o, name)) for name in sites if name not in by_entries]
         try:
             with contextlib.ExitStack() as stack:
-                found = {n: stack.enter_context(self.model.get_site(n).reading_entries(*at)) for n in by_entries}
+                found = {n: stack.enter_context(modules[n].reading_entries(*at)) for n in by_entries}
                 final = self.full_forward(input_ids)
         finally:
             for h in handles:

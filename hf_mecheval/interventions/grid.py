@@ -105,8 +105,8 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
 
     # A batch's memory grows with its documents and depends on the model's internals: measured on
     # one and two copies of the most expensive document (the longest; then the one with the most
-    # positions to patch), the batch is lowered to what fits, or the grid refused with the estimate. The
-    # probe's results are dropped: every document is measured in its batch, as asked.
+    # positions to patch), the batch is lowered to what fits, or the grid refused with the
+    # estimate. The probe's results are dropped: every document is measured in its batch, as asked.
     live = sum((np.asarray(data.columns[f"{p}_pos"]) >= 0).astype(np.int64) for p in positions)    # (N,)
     probe = int(np.lexsort((-live, -np.asarray(lengths)))[0])
     if corruptions:

@@ -3,9 +3,9 @@
 What one batch holds grows with its documents: the clean activations cached where they are
 patched in, the corrupted residual streams, and the patched runs of one site at a time (one row
 per (position, document)), whose size depends on the model's internals (a state trajectory
-built for a hook, such as Mamba's, (L, C, N) per row, is many times its residual stream). So it is measured, not estimated:
-the most expensive document (the longest) runs through the engine once alone and once as a batch
-of two copies, while every tensor allocated is counted, and the peak of what was alive at once
+built for a hook, such as Mamba's, (L, C, N) per row, is many times its residual stream). So it
+is measured, not estimated: the most expensive document (the longest) runs through the engine
+once alone and once as a batch of two copies, while every tensor allocated is counted, and the peak of what was alive at once
 is each one's cost. The difference is what one more document adds; the rest is fixed per batch
 (the lag kernels of H3's state read in closed form, (length, channels, d_state) twice, about
 155 MB at width 256, which counted once per document had cut its batches from 64 documents to
@@ -113,17 +113,18 @@ def fitting_batch_size(run_copies, requested: int, device: torch.device, what: s
     if budget is None:
         return requested                      # nothing to measure against
     limit, described = budget
-    peaks = []
-    for copies in (1, 2):
+    def measured(copies: int) -> int:
         with TensorMemory() as memory:
             run_copies(copies)
-        peaks.append(max(memory.peak, 1))
-        if copies == 1:                       # a document that does not fit alone is refused before two run
-            check_memory(what, {"its activations, cached and patched, measured": peaks[0]},
-                         limit=limit, has=f"free for it ({described})",
-                         advice="evaluate fewer sites (a recurrent state trajectory, where there is one, is by far "
-                                "the largest), or free memory")
-    one, two = peaks
+        return max(memory.peak, 1)
+
+    one = measured(1)
+    # a document that does not fit alone is refused before two copies run
+    check_memory(what, {"its activations, cached and patched, measured": one},
+                 limit=limit, has=f"free for it ({described})",
+                 advice="evaluate fewer sites (a recurrent state trajectory, where there is one, is by far the "
+                        "largest), or free memory")
+    two = measured(2)
     # what a second copy adds is what each document costs; where it adds nothing measurable, every
     # document is taken to cost all of the first one's
     per_document = two - one if two > one else one

@@ -157,6 +157,14 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
+def _powers(dA: torch.Tensor, lags: torch.Tensor) -> torch.Tensor:
+    """dA^lag for complex dA (..., N/2) and integer lags (T,) -> (..., N/2, T), in polar form
+    |dA|^lag e^(i lag arg dA) (torch's complex ``**`` took 1.8 s for H3's at width 64 on a CPU,
+    complex exp 0.8 s)."""
+    lags = lags.to(dA.real.dtype)
+    return torch.polar(dA.abs()[..., None] ** lags, dA.angle()[..., None] * lags)
+
+
 def _smooth_size(m: int) -> int:
     """The smallest n >= m whose prime factors are 2, 3 and 5 only (a fast FFT size)."""
     n = m
@@ -536,13 +544,11 @@ class H3Reference(H3):
 
     def _ssm_state_after(self, u: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """The diagonal SSM's state after reading u (B, L, C): h = sum_s dA^(L-1-s) dB u_s, chunk by
-        chunk: each chunk's sum by the powers of dA, (C, N/2, chunk), computed once in polar form
-        |dA|^lag e^(i lag arg dA) (torch's complex ``**`` took 1.8 s for them at width 64 on a CPU,
-        complex exp 0.8 s), carried across chunks by dA^chunk. -> real coordinates (B, C, N/2, 2)."""
+        chunk: each chunk's sum by the powers of dA, (C, N/2, chunk), computed once (``_powers``),
+        carried across chunks by dA^chunk. -> real coordinates (B, C, N/2, 2)."""
         dA, dB, _ = self._expanded()                                           # (C, N/2) complex
         T = min(chunk, u.shape[1])
-        lags = torch.arange(T, -1, -1, device=u.device, dtype=dA.real.dtype)  # T, T-1, ..., 0
-        powers = torch.polar(dA.abs()[..., None] ** lags, dA.angle()[..., None] * lags)   # (C, N/2, T+1): dA^lag
+        powers = _powers(dA, torch.arange(T, -1, -1, device=u.device))         # (C, N/2, T+1): dA^T ... dA^0
         h = torch.zeros(u.shape[0], *dA.shape, dtype=dA.dtype, device=u.device)
         for start in range(0, u.shape[1], T):
             part = u[:, start:start + T].to(dA.dtype)                          # (B, t, C)
@@ -580,8 +586,7 @@ class H3Reference(H3):
         the state j steps after a unit input, (Re, Im) of dA^j dB, and the output j steps after a
         unit state coordinate, 2 (Re C dA^j, -Im C dA^j) (``_readout``)."""
         dA, dB, C = self.kernel.discretize()                                   # per head, (H, N/2) complex
-        lags = torch.arange(L, device=dA.device, dtype=dA.real.dtype)
-        powers = torch.polar(dA.abs()[..., None] ** lags, dA.angle()[..., None] * lags)   # (H, N/2, L): dA^j
+        powers = _powers(dA, torch.arange(L, device=dA.device))                # (H, N/2, L): dA^j
         response = torch.view_as_real(dB[..., None] * powers)                 # (H, N/2, L, 2)
         gain = 2 * C[..., None] * powers
         readout = torch.stack([gain.real, -gain.imag], dim=-1)                 # (H, N/2, L, 2)

@@ -182,15 +182,14 @@ def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
     width sweep puts four models at (@query 1, @key 0)). Marker size: test accuracy."""
     rows = [r for r in rows if r.get(f"@{x}") is not None and r.get(f"@{y}") is not None]
     several_tasks = len({r.get("task") for r in rows}) > 1
-    names = {id(r): label for r, label in zip(rows, figure_labels(rows))}
-    key = lambda r: names[id(r)]
-    models = sorted(set(names.values()))
+    names = figure_labels(rows)
+    models = sorted(set(names))
     fig, ax = plt.subplots(figsize=(7.6, 5))
     if not rows:      # an empty plane says why it is empty
         ax.text(0.5, 0.5, f"no run has a restoration score @{x} and @{y}", ha="center", va="center",
                 transform=ax.transAxes)
     for i, model in enumerate(models):
-        mine = [r for r in rows if key(r) == model]
+        mine = [r for r, name in zip(rows, names) if name == model]
         ax.scatter([r[f"@{x}"] for r in mine], [r[f"@{y}"] for r in mine], s=[40 + 120 * r["test_accuracy"] for r in mine],
                    marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)], facecolors="none", edgecolors=f"C{i % 10}",
                    linewidths=1.6, label=model if len(mine) == 1 else f"{model} ×{len(mine)}")
