@@ -417,8 +417,8 @@ def _styles(labels) -> dict[str, dict]:
 
 def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
     """AR test accuracy against width (log2 axis): each architecture's best rate per width (mean
-    over seeds, a line, its points nudged a little along the axis and marked by architecture),
-    every seed there a point, the paper's width-256 figure a black bar."""
+    over seeds, a line marked by architecture; points that would hide each other set side by
+    side), every seed there a point, the paper's width-256 figure a black bar."""
     import matplotlib.pyplot as plt
 
     from .plots import save_figure
@@ -427,15 +427,16 @@ def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
     labels = sorted({label for label, _ in sel}, key=_order)
     style = _styles(labels)
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    for i, label in enumerate(labels):
-        pts = sorted((d, s) for (l, d), s in sel.items() if l == label)
-        nudge = _nudge(i, len(labels))
-        ax.plot([d * nudge for d, _ in pts], [100 * s.accuracy() for _, s in pts], label=label, **style[label])
-        for d, s in pts:
-            ax.scatter([d * nudge] * len(s.best), [100 * r["test_accuracy"] for r in s.best],
+    series = {label: sorted((d, s) for (l, d), s in sel.items() if l == label) for label in labels}
+    placed = _dodge({label: [(d, 100 * s.accuracy()) for d, s in pts] for label, pts in series.items()}, close=3)
+    for label, pts in series.items():
+        xs = [x for x, _ in placed[label]]
+        ax.plot(xs, [v for _, v in placed[label]], label=label, **style[label])
+        for x, (_, s) in zip(xs, pts):
+            ax.scatter([x] * len(s.best), [100 * r["test_accuracy"] for r in s.best],
                        color=style[label]["color"], s=14, alpha=0.5)
         if label in PAPER_AR_WIDTH_256:
-            ax.scatter([PAPER_WIDTH * 1.08], [PAPER_AR_WIDTH_256[label]], marker="_", s=300,
+            ax.scatter([PAPER_WIDTH * 2 ** 0.28], [PAPER_AR_WIDTH_256[label]], marker="_", s=300,
                        color=style[label]["color"], linewidths=3)
     ax.scatter([], [], marker="_", s=300, color="black", linewidths=3, label="paper, width 256")
     _width_axis(ax)
@@ -446,11 +447,30 @@ def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def _nudge(i: int, n: int) -> float:
-    """A factor that moves the i-th of n architectures' points a little along the log2 width
-    axis (at most 0.1 octave either side), so that equal values at one width stay visible side
-    by side instead of hiding each other."""
-    return 2 ** (0.2 * (i - (n - 1) / 2) / max(n - 1, 1))
+def _dodge(series: dict[str, list[tuple[int, float]]], close: float,
+           step: float = 0.08) -> dict[str, list[tuple[float, float]]]:
+    """``series``: each label's (width, value) points -> the same with widths moved along the log2
+    axis where they would hide each other: at one width, the points whose values chain within
+    ``close`` of each other are set ``step`` octave apart, centred on the width, in ``series``'
+    order; a point alone stays at its width."""
+    at_width: dict[int, list[tuple[float, str]]] = {}
+    for label, pts in series.items():
+        for d, v in pts:
+            at_width.setdefault(d, []).append((v, label))
+    order = {label: i for i, label in enumerate(series)}
+    placed: dict[tuple[str, int], float] = {}
+    for d, points in at_width.items():
+        groups: list[list[tuple[float, str]]] = []
+        for v, label in sorted(points):
+            if groups and v - groups[-1][-1][0] <= close:
+                groups[-1].append((v, label))
+            else:
+                groups.append([(v, label)])
+        for group in groups:
+            labels = sorted((label for _, label in group), key=order.get)
+            for j, label in enumerate(labels):
+                placed[(label, d)] = d * 2 ** (step * (j - (len(labels) - 1) / 2))
+    return {label: [(placed[(label, d)], v) for d, v in pts] for label, pts in series.items()}
 
 
 def _marker(i: int) -> str:
@@ -460,6 +480,7 @@ def _marker(i: int) -> str:
 
 def _width_axis(ax) -> None:
     ax.set_xscale("log", base=2)
+    ax.set_xlim(WIDTHS[0] / 2 ** 0.4, WIDTHS[-1] * 2 ** 0.45)   # room for points set side by side
     ax.set_xticks(WIDTHS, [str(d) for d in WIDTHS])
     ax.minorticks_off()
     ax.set_xlabel("width (hidden size)")
@@ -479,13 +500,12 @@ def restoration_width_figure(rows: list[dict], path: Path) -> Path:
     style = _styles(labels)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
     for ax, p in zip(axes, ("value", "query", "key")):
-        for i, label in enumerate(labels):
-            pts = [(d, _scores(s)[p]) for (l, d), s in sorted(sel.items(), key=lambda kv: kv[0][1])
-                   if l == label and _mech(s) != "failed"]
-            pts = [(d, v) for d, v in pts if v is not None]
+        series = {label: [(d, _scores(s)[p]) for (l, d), s in sorted(sel.items(), key=lambda kv: kv[0][1])
+                          if l == label and _mech(s) != "failed" and _scores(s)[p] is not None]
+                  for label in labels}
+        for label, pts in _dodge(series, close=0.05, step=0.12).items():
             if pts:
-                nudge = _nudge(i, len(labels))
-                ax.plot([d * nudge for d, _ in pts], [v for _, v in pts], label=label, **style[label])
+                ax.plot([x for x, _ in pts], [v for _, v in pts], label=label, **style[label])
         _width_axis(ax)
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_ylim(-0.2, 1.2)

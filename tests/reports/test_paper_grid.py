@@ -3,7 +3,8 @@ layers and ATR languages, verdicts at the paper's width and at every width, comp
 from rows made here by hand, for every run the packaged sweep files plan."""
 import pytest
 
-from hf_mecheval.reports.paper_grid import (claims_by_width, grid_figures, grid_rows, grid_tables, grid_verdicts)
+from hf_mecheval.reports.paper_grid import (_dodge, claims_by_width, grid_figures, grid_rows, grid_tables,
+                                            grid_verdicts)
 from hf_mecheval.reports.report import model_label
 from hf_mecheval.runs.files import run_cost
 from hf_mecheval.training.sweep import Sweep
@@ -270,3 +271,15 @@ def test_a_model_with_the_reference_positions_is_drawn_as_its_model_hollow_and_d
     assert "linestyle" not in style["transformer (no positions)"]
     models = ["transformer", "based", "mamba (conv 4)", "transformer (no positions)"]
     assert len({style[m]["color"] for m in models}) == len(models)
+
+
+def test_points_that_would_hide_each_other_are_set_side_by_side():
+    # at 64: a, b and c chain within 0.05 (1.0, 0.98, 0.95), d stands apart; at 256 only b
+    series = {"a": [(64, 1.0)], "b": [(64, 0.98), (256, 0.5)], "c": [(64, 0.95)], "d": [(64, 0.0)]}
+    placed = _dodge(series, close=0.05, step=0.1)
+    assert placed["a"] == [(pytest.approx(64 * 2 ** -0.1), 1.0)]     # the three in series' order,
+    assert placed["b"][0] == (pytest.approx(64.0), 0.98)              # centred on the width
+    assert placed["c"] == [(pytest.approx(64 * 2 ** 0.1), 0.95)]
+    assert placed["d"] == [(64, 0.0)] and placed["b"][1] == (256, 0.5)   # alone: where it was
+    two = _dodge({"x": [(32, 0.0)], "y": [(32, 0.0)]}, close=0.0, step=0.2)
+    assert [p for (p, _), in two.values()] == [pytest.approx(32 * 2 ** -0.1), pytest.approx(32 * 2 ** 0.1)]
