@@ -268,7 +268,8 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         # each row named apart from the others: the rate and seed where a model and width repeat
         names = run_tick_labels([{**r, "label": f"{r['label']} d={r['hidden_size']}"} for r in with_iv])
         ax.set_yticks(range(len(with_iv)), names, fontsize=8)
-        fig.colorbar(image, ax=ax, label="restoration (key corrupted)")
+        # a narrow bar: the default (15 % of the panel) crowds its label off a tall figure
+        fig.colorbar(image, ax=ax, label="restoration (key corrupted)", fraction=0.04, pad=0.03)
         ax.set_title("restoration at each layer's input")
         made.append(save_figure(fig, out / "layers.png"))
     kernels = [r for r in rows if r["architecture"] in ("mamba", "based") and r["conv_kernel"] is not None]
