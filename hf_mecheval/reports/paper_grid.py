@@ -423,7 +423,7 @@ def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
 
     from .plots import save_figure
 
-    sel = by_width(rows)
+    sel = _finished_cells(rows)
     labels = sorted({label for label, _ in sel}, key=_order)
     style = _styles(labels)
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -445,6 +445,13 @@ def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.set_title("AR (ar_32) by width: best learning rate (line: mean over seeds; dots: seeds)")
     return save_figure(fig, path)
+
+
+def _finished_cells(rows: list[dict]) -> dict[tuple, Selection]:
+    """The (label, width) cells of ``rows`` that have run at every learning rate planned for them:
+    a cell part-way through would draw its best-so-far rate as its best."""
+    sel, plan = by_width(rows), planned_by_width()
+    return {key: s for key, s in sel.items() if done(sel, key, plan)}
 
 
 def _dodge(series: dict[str, list[tuple[int, float]]], close: float,
@@ -495,7 +502,7 @@ def restoration_width_figure(rows: list[dict], path: Path) -> Path:
 
     from .plots import save_figure
 
-    sel = by_width(rows)
+    sel = _finished_cells(rows)
     labels = sorted({label for label, _ in sel}, key=_order)
     style = _styles(labels)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
