@@ -385,8 +385,9 @@ def grid_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
     rows = grid_rows(results)
     made = []
     if results.get("ref_width_ar"):
-        made.append(accuracy_width_figure(rows["ar"], out / "accuracy_by_width.png"))
-        made.append(restoration_width_figure(rows["ar"], out / "restoration_by_width.png"))
+        finished = _finished_cells(rows["ar"])      # the sweep files read once for both figures
+        made.append(accuracy_width_figure(finished, out / "accuracy_by_width.png"))
+        made.append(restoration_width_figure(finished, out / "restoration_by_width.png"))
     if results.get("ref_width_ablations"):
         made.append(ablations_width_figure(rows["ablations"], out / "ablations_by_width.png"))
     if results.get("ref_depth"):
@@ -415,15 +416,15 @@ def _styles(labels) -> dict[str, dict]:
     return styles
 
 
-def accuracy_width_figure(rows: list[dict], path: Path) -> Path:
-    """AR test accuracy against width (log2 axis): each architecture's best rate per width (mean
+def accuracy_width_figure(sel: dict[tuple, Selection], path: Path) -> Path:
+    """AR test accuracy against width (log2 axis) of the (label, width) cells ``sel``: each
+    architecture's best rate per width (mean
     over seeds, a line marked by architecture; points that would hide each other set side by
     side), every seed there a point, the paper's width-256 figure a black bar."""
     import matplotlib.pyplot as plt
 
     from .plots import save_figure
 
-    sel = _finished_cells(rows)
     labels = sorted({label for label, _ in sel}, key=_order)
     style = _styles(labels)
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -494,15 +495,14 @@ def _width_axis(ax) -> None:
     ax.grid(alpha=0.3)
 
 
-def restoration_width_figure(rows: list[dict], path: Path) -> Path:
-    """Restoration @value, @query and @key (the last layer's input, key corrupted) of each
-    architecture's chosen runs against width, one panel per position; runs that failed the task
+def restoration_width_figure(sel: dict[tuple, Selection], path: Path) -> Path:
+    """Restoration @value, @query and @key (the last layer's input, key corrupted) of the
+    (label, width) cells ``sel``, each architecture's chosen runs against width, one panel per position; runs that failed the task
     (labelled "failed": their scores mean nothing) are left out."""
     import matplotlib.pyplot as plt
 
     from .plots import save_figure
 
-    sel = _finished_cells(rows)
     labels = sorted({label for label, _ in sel}, key=_order)
     style = _styles(labels)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
