@@ -256,9 +256,9 @@ def ar_claims(at: dict[str, Selection], ready) -> list[dict]:
     return out
 
 
-def _at_width(rows: list[dict], width: int) -> tuple[dict[str, Selection], callable]:
-    sel = by_width(rows)
-    plan = planned_by_width()
+def _at_width(sel: dict[tuple, Selection], plan: dict[tuple, set[float]],
+              width: int) -> tuple[dict[str, Selection], callable]:
+    """``sel`` (``by_width``) at one width, by label, and whether a label's cell there is done."""
     at = {label: s for (label, d), s in sel.items() if d == width}
     return at, lambda label: done(sel, (label, width), plan)
 
@@ -267,7 +267,7 @@ def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
     """The claims at the width the paper states them (AR and ablations at 256), the depth and
     position claims at 64, and ATR's at 64; each claim's text names its width."""
     conv = [r for r in rows["ablations"] if r["sweep"] == "ref_width_ablations"]     # conv 4 is in "ar"
-    at, ready = _at_width(rows["ar"] + conv, PAPER_WIDTH)
+    at, ready = _at_width(by_width(rows["ar"] + conv), planned_by_width(), PAPER_WIDTH)
     out = [dict(v, claim=f"{v['claim']} (width {PAPER_WIDTH})") for v in ar_claims(at, ready)]
     depth = by_layers(rows["depth"])
     depth_plan = planned(("ref_depth", "ref_recipe_ar"), lambda a: (_args_label(a), a.get("num_hidden_layers", 2)))
@@ -316,8 +316,9 @@ def claims_by_width(ar_rows: list[dict]) -> dict[str, list[str]]:
     """Each AR claim (the first six of ``ar_claims``) judged at every width: "holds", "does not
     hold" or "not run yet"; the paper states them at 256."""
     table: dict[str, list[str]] = {}
+    sel, plan = by_width(ar_rows), planned_by_width()      # the sweep files read once for all widths
     for width in WIDTHS:
-        at, ready = _at_width(ar_rows, width)
+        at, ready = _at_width(sel, plan, width)
         for v in ar_claims(at, ready)[:6]:
             table.setdefault(v["claim"], []).append(v["verdict"].replace("**", ""))
     return table
