@@ -34,8 +34,10 @@ JSON schema (``mecheval evaluate`` writes it as ``interventions.json``)::
          "examples", "distance": [lo, hi], "clean_accuracy", "cells": {"key" | "value" | "query": {...}},
          "mechanism": {...}}}}}        (documents with one answer per query only)
 
-``mecheval evaluate`` adds ``settings``, ``run`` and ``seconds`` ({"wall", "cpu"}: what the
-grid took, this process's CPU time on all its threads).
+``per_example`` holds float32 probabilities, each written at the shortest decimals that read
+back as the same float32: read them as float32 to get the grid's own values. ``mecheval evaluate``
+adds ``settings``, ``run`` and ``seconds`` ({"wall", "cpu"}: what the grid took, this process's
+CPU time on all its threads).
 """
 from __future__ import annotations
 
@@ -141,8 +143,8 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
             "cells": cells,
         }
         if keep_per_example:
-            entry["per_example"] = {"p_clean": acc["p_clean"].tolist(), "p_corrupt": acc["p_corrupt"].tolist(),
-                                    "p_patched": {f"{s}@{p}": v.tolist() for (s, p), v in patched.items()}}
+            entry["per_example"] = {"p_clean": float32_list(acc["p_clean"]), "p_corrupt": float32_list(acc["p_corrupt"]),
+                                    "p_patched": {f"{s}@{p}": float32_list(v) for (s, p), v in patched.items()}}
         result["corruptions"][which] = entry
         last = f"layers.{engine.num_layers - 1}.input"
         if which == "key" and "query_distance" in data.columns and last in sites \
@@ -151,6 +153,13 @@ def run_grid(model, task, data: TaskData, corruptions=CORRUPTIONS, sites: list[s
             result["mechanism_by_distance"] = by_distance(data, acc, at_last, last, threshold, n_resamples, seed)
     result["mechanism"] = mechanism_of(result, engine.num_layers).to_dict()
     return result
+
+
+def float32_list(values: np.ndarray) -> list[float]:
+    """``values`` (float32) as floats of the shortest decimals that read back as the same float32:
+    the 17 digits a float32 takes as a Python float carry nothing more, and made a grid's
+    per-example record (nearly all of interventions.json) twice as large, compressed."""
+    return [float(str(v)) for v in np.asarray(values, dtype=np.float32)]
 
 
 def by_distance(data: TaskData, acc: dict, patched: dict, site: str, threshold: float, n_resamples: int,

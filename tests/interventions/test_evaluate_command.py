@@ -1,9 +1,11 @@
 """`mecheval evaluate RUN_DIR` and the RestorationCallback, on a small trained run."""
 import json
 
+import numpy as np
 import pytest
 
 from hf_mecheval.cli import main as mecheval
+from hf_mecheval.interventions.grid import float32_list
 from hf_mecheval.training.run import main as train
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -39,6 +41,11 @@ def test_evaluate_writes_json_and_plots(run_dir, capsys, monkeypatch):
     assert "layers.1.mixer.state" in result["sites"] and result["run"]["architecture"] == "mamba"
     n_cells = len(result["sites"]) * len(result["positions"])
     assert len(result["corruptions"]["key"]["cells"]) == n_cells
+    # per-example probabilities read back as float32 are the grid's own: their float32 mean is the one
+    # the grid recorded
+    for entry in result["corruptions"].values():
+        for name in ("p_clean", "p_corrupt"):
+            assert float(np.array(entry["per_example"][name], dtype=np.float32).mean()) == entry[f"{name}_mean"]
     # what the grid took, the part of a run's cost that training's clock does not see
     assert set(result["seconds"]) == {"wall", "cpu"} and all(result["seconds"][k] > 0 for k in ("wall", "cpu"))
     for name in ("residual_key.png", "residual_value.png", "sites_key.png", "sites_value.png",
@@ -75,3 +82,14 @@ def test_evaluate_errors(tmp_path, capsys, make, message):
 def test_unknown_site_lists_the_valid_ones(run_dir, tmp_path, capsys):
     assert mecheval(["evaluate", str(run_dir), "--out", str(tmp_path), "--sites", "layers.0.attention"]) == 2
     assert "valid sites: layers.0.input" in capsys.readouterr().err
+
+
+def test_per_example_values_are_written_short_and_read_back_exactly():
+    tiny = np.finfo(np.float32).smallest_subnormal
+    values = np.array([0.0, 1.0, 0.1, 1 / 3, tiny, np.nextafter(np.float32(1), np.float32(0)), 3.0e-38,
+                       *np.random.default_rng(0).random(1000)], dtype=np.float32)
+    written = json.dumps(float32_list(values))
+    assert np.array_equal(np.array(json.loads(written), dtype=np.float32), values)
+    # at most 9 significant digits (float32's round-trip bound), against 17 for the float64 repr
+    assert len(written) < 0.7 * len(json.dumps(values.tolist()))
+    assert json.loads(written)[:4] == [0.0, 1.0, 0.1, 0.33333334]

@@ -46,13 +46,14 @@ def test_hand_built_mechanisms_per_query_and_per_distance(make, expected):
     by = result["mechanism_by_distance"]
     assert by["boundary"] == float(np.median(distance)) and by["site"] == "layers.1.input"
     per = key["per_example"]
+    f32 = lambda values: np.array(values, dtype=np.float32)      # the grid's values, as written
     for name, chosen in (("near", distance <= by["boundary"]), ("far", distance > by["boundary"])):
         group = by["groups"][name]
         assert group["examples"] == int(chosen.sum()) > 0
         assert group["distance"] == [int(distance[chosen].min()), int(distance[chosen].max())]
         for p in ("key", "value", "query"):
-            want = summarize_restoration(np.array(per["p_clean"])[chosen], np.array(per["p_corrupt"])[chosen],
-                                         np.array(per["p_patched"][f"layers.1.input@{p}"])[chosen], 0.01, 100, 0)
+            want = summarize_restoration(f32(per["p_clean"])[chosen], f32(per["p_corrupt"])[chosen],
+                                         f32(per["p_patched"][f"layers.1.input@{p}"])[chosen], 0.01, 100, 0)
             assert group["cells"][p] == want
         assert group["mechanism"]["label"] == expected == classify(group["cells"], group["clean_accuracy"]).label
 
