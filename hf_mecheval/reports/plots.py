@@ -1,6 +1,7 @@
 """Figures of intervention results (PNG, matplotlib's Agg backend: no display needed)."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -8,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from ..atomic_files import atomic_path  # noqa: E402
 
@@ -80,13 +82,22 @@ def restoration_curves(history: list[dict], path: str | Path, title: str = "") -
 def save_figure(fig, path, layout: bool = True) -> Path:
     """``fig`` as the PNG ``path``, written atomically (a fresh temporary beside it, never a name
     that could already be a link), replacing what is there; laid out tightly first unless the
-    caller did (``layout=False``: a figure-level legend placed around the laid-out panels)."""
+    caller did (``layout=False``: a figure-level legend placed around the laid-out panels).
+
+    The PNG has a palette of 256 colours, not matplotlib's RGBA: a third of the bytes (the
+    figures are committed again with every finished run), and these figures, flat colours on
+    white, look the same."""
     path = Path(path)
     if layout:
         fig.tight_layout()
     try:
-        with atomic_path(path, overwrite=True) as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
+        rendered = io.BytesIO()
+        fig.savefig(rendered, dpi=110, format="png")
     finally:
         plt.close(fig)
+    rendered.seek(0)
+    with Image.open(rendered) as image:
+        palette = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    with atomic_path(path, overwrite=True) as tmp:
+        palette.save(tmp, format="PNG", optimize=True)
     return path
