@@ -6,10 +6,10 @@ per (position, document)), whose size depends on the model's internals (a state 
 built for a hook, such as Mamba's, (L, C, N) per row, is many times its residual stream). So it
 is measured, not estimated: the most expensive document (the longest) runs through the engine
 once alone and once as a batch of two copies, while every tensor allocated is counted, and the
-peak of what was alive at once is each one's cost. The difference is what one more document adds; the rest is fixed per batch
-(the lag kernels of H3's state read in closed form, (length, channels, d_state) twice, about
-155 MB at width 256, which counted once per document had cut its batches from 64 documents to
-42). ``fitting_batch_size`` picks the largest batch, up to the one asked for, whose fixed part
+peak of what was alive at once is each one's cost. The difference is what one more document
+adds; the rest is fixed per batch (the lag kernels of H3's state read in closed form, (length,
+channels, d_state) twice, about 155 MB at width 256, which counted once per document had cut its
+batches from 64 documents to 42). ``fitting_batch_size`` picks the largest batch, up to the one asked for, whose fixed part
 plus that many documents fits in ``SAFE_FRACTION`` of the memory available now, and refuses with
 the estimate when one document does not fit.
 

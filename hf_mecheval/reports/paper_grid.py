@@ -419,9 +419,9 @@ def _styles(labels) -> dict[str, dict]:
 
 def accuracy_width_figure(sel: dict[tuple, Selection], path: Path) -> Path:
     """AR test accuracy against width (log2 axis) of the (label, width) cells ``sel``: each
-    architecture's best rate per width (mean
-    over seeds, a line marked by architecture; points that would hide each other set side by
-    side), every seed there a point, the paper's width-256 figure a black bar."""
+    architecture's best rate per width (mean over seeds, a line marked by architecture; points
+    that would hide each other set side by side), every seed there a point, the paper's width-256
+    figure a black bar."""
     import matplotlib.pyplot as plt
 
     from .plots import save_figure
@@ -498,8 +498,9 @@ def _width_axis(ax) -> None:
 
 def restoration_width_figure(sel: dict[tuple, Selection], path: Path) -> Path:
     """Restoration @value, @query and @key (the last layer's input, key corrupted) of the
-    (label, width) cells ``sel``, each architecture's chosen runs against width, one panel per position; runs that failed the task
-    (labelled "failed": their scores mean nothing) are left out."""
+    (label, width) cells ``sel``, each architecture's chosen runs against width, one panel per
+    position; runs that failed the task (labelled "failed": their scores mean nothing) are left
+    out."""
     import matplotlib.pyplot as plt
 
     from .plots import save_figure
