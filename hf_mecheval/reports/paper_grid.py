@@ -6,6 +6,7 @@ under the reference recipe, from ``results/<sweep>/runs.json`` of
     ref_width_ablations   Mamba conv 0-3, Based short kernels at 256 (reference/width_ablations.yaml)
     ref_depth             1 and 3 layers, no positions, at 64 (reference/depth.yaml)
     ref_atr_languages     atr_medium, atr_8192, atr_gen, the Transformer on atr_easy (reference/atr_languages.yaml)
+    ref_ar_beyond         Mamba-2 and Gated DeltaNet on AR at widths 64, 128, 256 (reference/ar_beyond.yaml)
 
 beside the width-64, 2-layer column of the reference setting (``ref_recipe_ar``,
 ``ref_recipe_ablations``, ``ref_recipe_atr``, reference-recipe rows only). Each table picks,
@@ -27,16 +28,18 @@ from .report import model_label
 from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
                                 REFERENCE_RECIPE, Selection, _order, _table, _width, recipe)
 
-GRID_SWEEPS = ("ref_width_ar", "ref_width_ablations", "ref_depth", "ref_atr_languages")
+GRID_SWEEPS = ("ref_width_ar", "ref_width_ablations", "ref_depth", "ref_atr_languages", "ref_ar_beyond")
 # the packaged sweep file of each block (what is planned there: a verdict waits for all of it)
 SWEEP_FILES = {"ref_width_ar": "reference/width_ar", "ref_width_ablations": "reference/width_ablations",
                "ref_depth": "reference/depth", "ref_atr_languages": "reference/atr_languages",
+               "ref_ar_beyond": "reference/ar_beyond",
                "ref_recipe_ar": "reference/recipe_ar", "ref_recipe_ablations": "reference/recipe_ablations",
                "ref_recipe_atr": "reference/recipe_atr"}
 WIDTHS = (16, 32, 64, 128, 256)
 PAPER_WIDTH = 256
 BLOCKS = {"AR at every width": ("ref_width_ar",), "short-convolution ablations at 256": ("ref_width_ablations",),
-          "layers and positions at 64": ("ref_depth",), "ATR languages at 64": ("ref_atr_languages",)}
+          "layers and positions at 64": ("ref_depth",), "ATR languages at 64": ("ref_atr_languages",),
+          "AR beyond the paper: Mamba-2, Gated DeltaNet": ("ref_ar_beyond",)}
 
 
 # ---------------------------------------------------------------------------------- rows
@@ -46,13 +49,14 @@ def _reference(results: dict[str, list[dict]], sweep: str) -> list[dict]:
 
 def grid_rows(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
     """Each block's rows, the width-64 (2-layer) column of the reference setting included:
-    "ar" (2 layers, every width), "ablations" (Mamba and Based, every short convolution, widths 64
+    "ar" (2 layers, every width; Mamba-2's and Gated DeltaNet's rows too, which no claim reads), "ablations" (Mamba and Based, every short convolution, widths 64
     and 256: conv 4 and Based's default 3 are "ar"'s runs), "depth" (width 64, 1-3 layers), "atr"."""
     depth = _reference(results, "ref_depth")
     # the 2-layer runs with the reference's positions (depth.yaml) are also the width-64 column of
     # those models in the width grid, beside width_ar's positions runs at 256
     with_positions = [r for r in depth if r["layers"] == 2 and "positions" in _label_extras(r["label"])]
-    ar = [r for r in _reference(results, "ref_recipe_ar") + _reference(results, "ref_width_ar") if r["layers"] == 2]
+    ar = [r for s in ("ref_recipe_ar", "ref_width_ar", "ref_ar_beyond") for r in _reference(results, s)
+          if r["layers"] == 2]
     ablations = _reference(results, "ref_recipe_ablations") + _reference(results, "ref_width_ablations")
     ablations += [r for r in ar if r["label"] in ("mamba (conv 4)", "based") and r["hidden_size"] in (64, PAPER_WIDTH)]
     depth += [r for r in ar if r["hidden_size"] == 64 and r["architecture"] in {d["architecture"] for d in depth}]
@@ -105,7 +109,7 @@ def _args_label(args: dict) -> str:
 
 def planned_by_width() -> dict[tuple, set[float]]:
     """(label, width) -> the rates planned for it, 2 layers (width 64 from recipe_ar.yaml)."""
-    return planned(("ref_recipe_ar", "ref_width_ar", "ref_recipe_ablations", "ref_width_ablations"),
+    return planned(("ref_recipe_ar", "ref_width_ar", "ref_ar_beyond", "ref_recipe_ablations", "ref_width_ablations"),
                    lambda a: (_args_label(a), a.get("hidden_size", 64)))
 
 

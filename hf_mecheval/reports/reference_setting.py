@@ -37,7 +37,9 @@ PLANNED_AR = {REFERENCE_RECIPE: "reference/recipe_ar", EARLIER_RECIPE: "referenc
 _PAPER = read_experiment("paper", ("ar_width_256", "mamba_conv_width_256"))
 PAPER_AR_WIDTH_256 = {str(k): v for k, v in _PAPER["ar_width_256"].items()}
 PAPER_MAMBA_CONV_WIDTH_256 = {int(k): v for k, v in _PAPER["mamba_conv_width_256"].items()}
-ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3", "baseconv")
+# the paper's seven, then the two beyond it (AR at widths 64-256 only, reference/ar_beyond.yaml)
+ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3", "baseconv", "mamba2",
+                      "gated_deltanet")
 
 
 def planned_learning_rates(sweep: str = "reference/ar") -> dict[str, set[float]]:

@@ -32,6 +32,7 @@ The paper's grid beyond width 64, with the reference recipe's defaults:
     ref-width-ablations   hf_mecheval/training/sweeps/reference/width_ablations.yaml (short convolutions at width 256)
     ref-depth             hf_mecheval/training/sweeps/reference/depth.yaml (1 and 3 layers, no positions; width 64)
     ref-atr-languages     hf_mecheval/training/sweeps/reference/atr_languages.yaml (atr_medium, atr_8192, atr_gen)
+    ref-ar-beyond         hf_mecheval/training/sweeps/reference/ar_beyond.yaml (Mamba-2, Gated DeltaNet on AR, widths 64-256)
 
 Multi-query associative recall (MQAR, Zoology's recall benchmark) at CPU scale:
 
@@ -57,6 +58,7 @@ PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba"
            "ref-recipe-ablations": "reference/recipe_ablations.yaml", "ref-recipe-atr": "reference/recipe_atr.yaml",
            "ref-width-ar": "reference/width_ar.yaml",
            "ref-width-ablations": "reference/width_ablations.yaml", "ref-depth": "reference/depth.yaml", "ref-atr-languages": "reference/atr_languages.yaml",
+           "ref-ar-beyond": "reference/ar_beyond.yaml",
            "cpu-mqar": "cpu/mqar.yaml", "cpu-mqar-zoology": "cpu/mqar_zoology.yaml"}
 
 

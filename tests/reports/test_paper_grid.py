@@ -56,7 +56,8 @@ def results():
             "ref_width_ar": sweep_rows("reference/width_ar"),
             "ref_depth": sweep_rows("reference/depth"),
             "ref_atr_languages": sweep_rows("reference/atr_languages"),
-            "ref_recipe_atr": sweep_rows("reference/recipe_atr")}
+            "ref_recipe_atr": sweep_rows("reference/recipe_atr"),
+            "ref_ar_beyond": sweep_rows("reference/ar_beyond")}
 
 
 def test_the_width_table_picks_each_widths_rate_on_validation(results):
@@ -120,6 +121,25 @@ def test_depth_table_reads_restoration_layer_by_layer_and_compute_counts_hours(r
                 and not r.args.get("max_position_embeddings")) for d in (128, 256)}
     assert (f"| mamba (conv 4) | 30 / 15 (3) | 60 / 30 (3) | 120 / 60 (6) | 240 / 120 ({n[128]}) | 480 / 240 ({n[256]}) |"
             in cost)
+
+
+def test_mamba2_and_gated_deltanet_stand_beside_the_seven_and_no_claim_reads_them(results):
+    tables = grid_tables(results)
+    widths = [tuple(c.strip() for c in line.split("|")[1:4]) for line in tables["grid_width_ar"].splitlines()[2:]]
+    # after the paper's seven, with no paper figure, at the three widths their sweep plans
+    assert widths[-6:] == [("mamba2", str(d), "—") for d in (64, 128, 256)] + \
+        [("gated_deltanet", str(d), "—") for d in (64, 128, 256)]
+    cost = next(l for l in tables["grid_run_cost"].splitlines() if l.startswith("| gated_deltanet |"))
+    assert cost == "| gated_deltanet | — | — | 120 / 60 (1) | 240 / 120 (1) | 480 / 240 (1) |"
+    n = len(Sweep.load("reference/ar_beyond").runs)
+    assert f"| AR beyond the paper: Mamba-2, Gated DeltaNet | {n} of {n} |" in tables["grid_compute"]
+    # failing them all changes no verdict
+    before = grid_verdicts(grid_rows(results))
+    for r in results["ref_ar_beyond"]:
+        r.update(test_accuracy=0.0, validation_accuracy=0.0, mechanism="failed")
+    assert grid_verdicts(grid_rows(results)) == before
+    assert claims_by_width(grid_rows(results)["ar"]) == claims_by_width(
+        grid_rows({k: v for k, v in results.items() if k != "ref_ar_beyond"})["ar"])
 
 
 def test_a_stacked_run_counts_its_share_of_its_stacks_time(results):
