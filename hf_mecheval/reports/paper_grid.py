@@ -14,7 +14,7 @@ per configuration, the learning rate with the best mean validation accuracy and 
 accuracy there (``reference_setting.Selection``). The verdicts are stated at the width the
 paper states each claim (its AR table and ablations at 256), and each AR claim again at every
 width, so that a claim that holds at one width and not another says at which. A claim whose
-learning rates have not all finished reads "not run yet".
+learning rates and seeds have not all finished reads "not run yet".
 """
 from __future__ import annotations
 
@@ -87,17 +87,20 @@ def by_layers(rows: list[dict]) -> dict[tuple, Selection]:
     return cells(rows, lambda r: (r["label"], r["layers"]))
 
 
-def planned(sweeps: tuple[str, ...], key) -> dict[tuple, set[float]]:
-    """The learning rates the packaged sweep files of ``sweeps`` plan per configuration
-    (``key(args)``; the args of a sweep's run)."""
-    out: dict[tuple, set[float]] = {}
+Plan = dict[tuple, set[tuple[float, int]]]
+
+
+def planned(sweeps: tuple[str, ...], key) -> Plan:
+    """The (learning rate, seed) runs the packaged sweep files of ``sweeps`` plan per
+    configuration (``key(args)``; the args of a sweep's run)."""
+    out: Plan = {}
     for sweep in sweeps:
         try:
             runs = Sweep.load(SWEEP_FILES[sweep]).runs
         except MechEvalError:    # a block whose sweep file is not written yet plans nothing so far
             continue
         for run in runs:
-            out.setdefault(key(run.args), set()).add(run.args["learning_rate"])
+            out.setdefault(key(run.args), set()).add((run.args["learning_rate"], run.args.get("seed", 0)))
     return out
 
 
@@ -107,15 +110,16 @@ def _args_label(args: dict) -> str:
                            if "max_position_embeddings" in args else {})})
 
 
-def planned_by_width() -> dict[tuple, set[float]]:
-    """(label, width) -> the rates planned for it, 2 layers (width 64 from recipe_ar.yaml)."""
+def planned_by_width() -> Plan:
+    """(label, width) -> the runs planned for it, 2 layers (width 64 from recipe_ar.yaml)."""
     return planned(("ref_recipe_ar", "ref_width_ar", "ref_ar_beyond", "ref_recipe_ablations", "ref_width_ablations"),
                    lambda a: (_args_label(a), a.get("hidden_size", 64)))
 
 
-def done(sel: dict[tuple, Selection], key: tuple, plan: dict[tuple, set[float]]) -> bool:
-    """Whether ``key`` has run at every learning rate planned for it (at least one)."""
-    return key in sel and plan.get(key, set()) <= set(sel[key].by_lr)
+def done(sel: dict[tuple, Selection], key: tuple, plan: Plan) -> bool:
+    """Whether ``key`` has run at every learning rate and seed planned for it (at least one run):
+    a cell is judged on the seeds planned for it, never on its first seed alone."""
+    return key in sel and plan.get(key, set()) <= {(r["learning_rate"], r.get("seed") or 0) for r in sel[key].rows}
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -218,7 +222,7 @@ def _mamba_direct(sel: Selection) -> bool:
 
 def ar_claims(at: dict[str, Selection], ready) -> list[dict]:
     """The paper's AR claims on ``at`` (label -> Selection) at one width, ``ready(label)`` saying
-    whether a label's every planned rate has finished."""
+    whether a label's every planned rate and seed has finished."""
     out = []
 
     def claim(text, paper, needed, holds, figures):
@@ -260,7 +264,7 @@ def ar_claims(at: dict[str, Selection], ready) -> list[dict]:
     return out
 
 
-def _at_width(sel: dict[tuple, Selection], plan: dict[tuple, set[float]],
+def _at_width(sel: dict[tuple, Selection], plan: Plan,
               width: int) -> tuple[dict[str, Selection], callable]:
     """``sel`` (``by_width``) at one width, by label, and whether a label's cell there is done."""
     at = {label: s for (label, d), s in sel.items() if d == width}
@@ -454,8 +458,8 @@ def accuracy_width_figure(sel: dict[tuple, Selection], path: Path) -> Path:
 
 
 def _finished_cells(rows: list[dict]) -> dict[tuple, Selection]:
-    """The (label, width) cells of ``rows`` that have run at every learning rate planned for them:
-    a cell part-way through would draw its best-so-far rate as its best."""
+    """The (label, width) cells of ``rows`` that have run at every learning rate and seed planned
+    for them: a cell part-way through would draw its best-so-far rate as its best."""
     sel, plan = by_width(rows), planned_by_width()
     return {key: s for key, s in sel.items() if done(sel, key, plan)}
 

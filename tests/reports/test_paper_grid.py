@@ -97,6 +97,25 @@ def test_a_claim_waits_for_every_planned_rate(results):
     assert claims_by_width(grid_rows(results)["ar"])["Mamba (conv 4) solves AR"][4] == "not run yet"
 
 
+def test_a_claim_waits_for_every_planned_seed(results):
+    claims = ("Mamba (conv 4) solves AR (width 256)", "A 1-layer Mamba still solves AR (within 10 points of 2 "
+              "layers; width 64)")
+    verdicts = {v["claim"]: v["verdict"] for v in grid_verdicts(grid_rows(results))}
+    assert all(verdicts[c] != "not run yet" for c in claims)
+    # Mamba at 256 plans seeds 0-2 at 1e-3; without seed 2 its cell is not judged, though every
+    # rate has a run
+    results["ref_width_ar"] = [r for r in results["ref_width_ar"]
+                               if not (r["label"] == "mamba (conv 4)" and r["hidden_size"] == 256 and r["seed"] == 2
+                                       and r["learning_rate"] == 1e-3)]
+    verdicts = {v["claim"]: v["verdict"] for v in grid_verdicts(grid_rows(results))}
+    assert verdicts["Mamba (conv 4) solves AR (width 256)"] == "not run yet"
+    # likewise the 1-layer Mamba of the depth block (seeds 0-2 at 1e-2)
+    results["ref_depth"] = [r for r in results["ref_depth"]
+                            if not (r["label"] == "mamba (conv 4)" and r["layers"] == 1 and r["seed"] == 1)]
+    verdicts = {v["claim"]: v["verdict"] for v in grid_verdicts(grid_rows(results))}
+    assert verdicts["A 1-layer Mamba still solves AR (within 10 points of 2 layers; width 64)"] == "not run yet"
+
+
 def test_a_claim_that_holds_at_one_width_and_not_another_says_where(results):
     for r in results["ref_width_ar"]:
         if r["label"] == "mamba (conv 4)" and r["hidden_size"] in (16, 32):
