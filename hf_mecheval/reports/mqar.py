@@ -64,7 +64,8 @@ def _axis_settings(settings: set[tuple[int, int]]) -> tuple[int, list[int], int,
 def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
     """mqar_pairs.png (accuracy against the number of pairs at one length), mqar_length.png
     (against the length at one number of pairs) and, where grids were run, mqar_near_far.png
-    (restoration @value and @query of near and far queries); one panel per width."""
+    (restoration @value against @key + @query of near and far queries: induction against direct
+    retrieval, wherever a model retrieves from); one panel per width."""
     rows = mqar_rows(rows)
     chosen = {k: v for k, v in chosen_runs(rows).items() if k[0] == _main_task(rows)}
     if not chosen:
@@ -97,20 +98,30 @@ def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
                  and {"near", "far"} <= set(v[0]["by_distance"])}
     if evaluated:
         fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths) + 1.8, 4.2), squeeze=False)
+        def direct(group: dict) -> float | None:
+            """@key + @query: restored where the model reads the key from its own position or the
+            query's (Mamba on MQAR: the key; Hyena: the query)."""
+            key, query = group.get("@key"), group.get("@query")
+            return None if None in (key, query) else key + query
+
+        # models by one mechanism meet at one corner: each later one drawn smaller, on top, so that
+        # every model there still shows as a ring around the next
+        size = {label: max(16, 120 - 13 * i) for i, label in enumerate(sorted({l for _, l, _ in evaluated}))}
         for ax, width in zip(axes[0], widths):
-            for (_, label, w), groups in evaluated.items():
+            for (_, label, w), groups in sorted(evaluated.items(), key=lambda kv: kv[0][1]):
                 near, far = groups["near"], groups["far"]
-                if w != width or None in (near["@value"], near["@query"], far["@value"], far["@query"]):
+                if w != width or None in (near["@value"], far["@value"], direct(near), direct(far)):
                     continue
-                ax.plot([near["@value"], far["@value"]], [near["@query"], far["@query"]], lw=1, color=colour[label])
-                ax.scatter([near["@value"]], [near["@query"]], marker="o", color=colour[label], label=label)
-                ax.scatter([far["@value"]], [far["@query"]], marker="s", color=colour[label])
+                ax.plot([near["@value"], far["@value"]], [direct(near), direct(far)], lw=1, color=colour[label])
+                ax.scatter([near["@value"]], [direct(near)], marker="o", s=size[label], color=colour[label],
+                           label=label)
+                ax.scatter([far["@value"]], [direct(far)], marker="s", s=size[label], color=colour[label])
             ax.set_xlim(-0.2, 1.2)
             ax.set_ylim(-0.2, 1.2)
             ax.set_xlabel("restoration @value (last layer's input)")
             ax.set_title(f"width {width}: near (o) and far (s) queries")
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("restoration @query")
+        axes[0][0].set_ylabel("restoration @key + @query")
         _legend(fig, axes[0])
         made.append(save_figure(fig, out / "mqar_near_far.png"))
     return made
