@@ -51,6 +51,16 @@ def setting_accuracy(runs: list[dict]) -> dict[tuple[int, int], float]:
     return {k: _mean(v) for k, v in values.items()}
 
 
+def key_position_accuracy(runs: list[dict]) -> dict[tuple[int, int], float]:
+    """(first, one past the last key position) -> the share of test queries answered right whose
+    key stands there (``test_by_key_position``), the mean over the runs (seeds) that recorded it."""
+    values: dict[tuple[int, int], list[float]] = {}
+    for r in runs:
+        for b in r.get("test_by_key_position") or []:
+            values.setdefault((b["key_from"], b["key_to"]), []).append(b["accuracy"])
+    return {k: _mean(v) for k, v in values.items()}
+
+
 def _axis_settings(settings: set[tuple[int, int]]) -> tuple[int, list[int], int, list[int]]:
     """The length with the most pair counts and those counts; the pair count found at the most
     lengths (ties: the larger) and those lengths: the two slices a figure draws."""
@@ -65,7 +75,8 @@ def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
     """mqar_pairs.png (accuracy against the number of pairs at one length), mqar_length.png
     (against the length at one number of pairs) and, where grids were run, mqar_near_far.png
     (restoration @value against @key + @query of near and far queries: induction against direct
-    retrieval, wherever a model retrieves from); one panel per width."""
+    retrieval, wherever a model retrieves from) and, where runs recorded it, mqar_key_position.png
+    (accuracy against where the query's key stands); one panel per width."""
     rows = mqar_rows(rows)
     chosen = {k: v for k, v in chosen_runs(rows).items() if k[0] == _main_task(rows)}
     if not chosen:
@@ -124,6 +135,23 @@ def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
         axes[0][0].set_ylabel("restoration @key + @query")
         _legend(fig, axes[0])
         made.append(save_figure(fig, out / "mqar_near_far.png"))
+    by_position = {k: a for k, a in ((k, key_position_accuracy(v)) for k, v in chosen.items()) if a}
+    if by_position:
+        buckets = sorted(set().union(*by_position.values()))
+        fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1.8, 3.6), squeeze=False, sharey=True)
+        for ax, width in zip(axes[0], widths):
+            for (_, label, w), acc in by_position.items():
+                if w == width:
+                    have = [i for i, b in enumerate(buckets) if b in acc]
+                    ax.plot(have, [acc[buckets[i]] for i in have], marker="o", label=label, color=colour[label])
+            ax.set_xticks(range(len(buckets)), [f"{lo}-{hi - 1}" for lo, hi in buckets])
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_xlabel("position of the query's key")
+            ax.set_title(f"width {width}")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("MQAR test accuracy")
+        _legend(fig, axes[0])
+        made.append(save_figure(fig, out / "mqar_key_position.png"))
     return made
 
 
@@ -173,20 +201,16 @@ def key_position_table(rows: list[dict]) -> str:
     """Markdown: per task, architecture and width (the chosen rate), the share of test queries
     answered right by where their key stands (``test_by_key_position``: keys at 0-15, 16-31,
     32-63, ...), for the runs that recorded it."""
-    chosen = {k: [r for r in v if r.get("test_by_key_position")] for k, v in chosen_runs(mqar_rows(rows)).items()}
-    chosen = {k: v for k, v in chosen.items() if v}
+    chosen = {k: (v[0], key_position_accuracy(v)) for k, v in chosen_runs(mqar_rows(rows)).items()}
+    chosen = {k: v for k, v in chosen.items() if v[1]}
     if not chosen:
         return ""
-    buckets = sorted({(b["key_from"], b["key_to"]) for v in chosen.values() for r in v for b in r["test_by_key_position"]})
+    buckets = sorted(set().union(*(acc for _, acc in chosen.values())))
     head = ["task", "model", "width", "lr"] + [f"keys {lo}-{hi - 1}" for lo, hi in buckets]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (task, label, width), runs in chosen.items():
-        acc: dict[tuple[int, int], list[float]] = {}
-        for r in runs:
-            for b in r["test_by_key_position"]:
-                acc.setdefault((b["key_from"], b["key_to"]), []).append(b["accuracy"])
-        cells = [task, label, str(width), f"{runs[0].get('learning_rate') or 0:g}"]
-        cells += [f"{100 * _mean(acc[b]):.1f}" if b in acc else "" for b in buckets]
+    for (task, label, width), (first, acc) in chosen.items():
+        cells = [task, label, str(width), f"{first.get('learning_rate') or 0:g}"]
+        cells += [f"{100 * acc[b]:.1f}" if b in acc else "" for b in buckets]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

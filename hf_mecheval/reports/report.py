@@ -12,8 +12,9 @@ Each run directory holds ``run.json`` and ``metrics.json`` (from ``mecheval trai
 * ``layers.png`` — restoration at every layer's input (rows: runs; columns: layer x position);
 * ``conv_kernel.png`` — accuracy against the short-convolution width, one line per architecture
   and learning rate through the mean over seeds (each seed a small point), when runs vary it;
-* MQAR runs: ``mqar_pairs.png``, ``mqar_length.png``, ``mqar_near_far.png`` and their table, with
-  Zoology's Figure 2 beside runs of its settings (``reports/mqar.py``);
+* MQAR runs: ``mqar_pairs.png``, ``mqar_length.png``, ``mqar_near_far.png``,
+  ``mqar_key_position.png`` and their table, with Zoology's Figure 2 beside runs of its settings
+  (``reports/mqar.py``);
 * ``report.md`` — the table and the figures;
 * ``report.html`` — all of it on one self-contained page, with each run's mechanism grid as a
   heatmap of restoration by site and position (``html_report.py``).

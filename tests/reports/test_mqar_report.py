@@ -83,7 +83,7 @@ def test_reproduction_tables_come_from_each_mqar_sweep():
     assert mqar_tables({"cpu_ar": cpu}) == {}
 
 
-def test_key_position_table_averages_the_chosen_rates_seeds_and_skips_runs_without_it():
+def test_key_position_table_averages_the_chosen_rates_seeds_and_skips_runs_without_it(tmp_path):
     def buckets(*accuracies):
         edges = [(0, 16), (16, 32), (32, 64)]
         return [{"key_from": lo, "key_to": hi, "queries": 10, "accuracy": a} for (lo, hi), a in zip(edges, accuracies)]
@@ -95,3 +95,6 @@ def test_key_position_table_averages_the_chosen_rates_seeds_and_skips_runs_witho
     assert lines[0] == "| task | model | width | lr | keys 0-15 | keys 16-31 | keys 32-63 |"
     assert lines[2:] == ["| mqar_cpu | transformer | 64 | 0.001 | 90.0 | 40.0 | 0.0 |"]
     assert key_position_table(ROWS) == ""
+    # and the figure of it, beside the other three; none where no run recorded it
+    assert [p.name for p in mqar_figures(rows, tmp_path)][-1] == "mqar_key_position.png"
+    assert "mqar_key_position.png" not in [p.name for p in mqar_figures(ROWS, tmp_path / "none")]
