@@ -90,45 +90,30 @@ def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
     for name, xs, point, xlabel, title in (
             ("mqar_pairs.png", pair_counts, lambda x: (length, x), "key-value pairs", f"sequence length {length}"),
             ("mqar_length.png", lengths, lambda x: (x, pairs), "sequence length", f"{pairs} pairs")):
-        fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1.8, 3.6), squeeze=False, sharey=True)
-        for ax, width in zip(axes[0], widths):
-            for (_, label, w), acc in accuracy.items():
-                if w == width:
-                    have = [x for x in xs if point(x) in acc]
-                    ax.plot(have, [acc[point(x)] for x in have], marker="o", label=label, color=colour[label])
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [str(x) for x in xs])
-            ax.set_ylim(-0.02, 1.02)
-            ax.set_xlabel(xlabel)
-            ax.set_title(f"width {width}, {title}")
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("MQAR test accuracy")
-        _legend(fig, axes[0])
-        made.append(save_figure(fig, out / name))
+        curves = {(label, w): [(x, acc[point(x)]) for x in xs if point(x) in acc]
+                  for (_, label, w), acc in accuracy.items()}
+        made.append(_accuracy_panels(curves, widths, colour, (xs, [str(x) for x in xs]), xlabel, f", {title}",
+                                     out / name, log2=True))
     evaluated = {k: v[0]["by_distance"] for k, v in chosen.items() if isinstance(v[0].get("by_distance"), dict)
                  and {"near", "far"} <= set(v[0]["by_distance"])}
-    if evaluated:
+    planes = {k: (_plane_point(g["near"]), _plane_point(g["far"])) for k, g in evaluated.items()}
+    planes = {k: v for k, v in planes.items() if None not in v}
+    if planes:
         fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths) + 1.8, 4.2), squeeze=False)
-        def direct(group: dict) -> float | None:
-            """@key + @query: restored where the model reads the key from its own position or the
-            query's (Mamba on MQAR: the key; Hyena: the query)."""
-            key, query = group.get("@key"), group.get("@query")
-            return None if None in (key, query) else key + query
-
         # models by one mechanism meet at one corner: each later one drawn smaller, on top, so that
         # every model there still shows as a ring around the next
-        size = {label: max(16, 120 - 13 * i) for i, label in enumerate(sorted({l for _, l, _ in evaluated}))}
+        size = {label: max(16, 120 - 13 * i) for i, label in enumerate(sorted({l for _, l, _ in planes}))}
+        xs, ys = [x for v in planes.values() for x, _ in v], [y for v in planes.values() for _, y in v]
         for ax, width in zip(axes[0], widths):
-            for (_, label, w), groups in sorted(evaluated.items(), key=lambda kv: kv[0][1]):
-                near, far = groups["near"], groups["far"]
-                if w != width or None in (near["@value"], far["@value"], direct(near), direct(far)):
+            for (_, label, w), (near, far) in sorted(planes.items(), key=lambda kv: kv[0][1]):
+                if w != width:
                     continue
-                ax.plot([near["@value"], far["@value"]], [direct(near), direct(far)], lw=1, color=colour[label])
-                ax.scatter([near["@value"]], [direct(near)], marker="o", s=size[label], color=colour[label],
-                           label=label)
-                ax.scatter([far["@value"]], [direct(far)], marker="s", s=size[label], color=colour[label])
-            ax.set_xlim(-0.2, 1.2)
-            ax.set_ylim(-0.2, 1.2)
+                ax.plot([near[0], far[0]], [near[1], far[1]], lw=1, color=colour[label])
+                ax.scatter([near[0]], [near[1]], marker="o", s=size[label], color=colour[label], label=label)
+                ax.scatter([far[0]], [far[1]], marker="s", s=size[label], color=colour[label])
+            # restoration is 0-1 up to noise; @key + @query may pass 1 where both positions restore
+            ax.set_xlim(min(-0.2, min(xs) - 0.05), max(1.2, max(xs) + 0.1))
+            ax.set_ylim(min(-0.2, min(ys) - 0.05), max(1.2, max(ys) + 0.1))
             ax.set_xlabel("restoration @value (last layer's input)")
             ax.set_title(f"width {width}: near (o) and far (s) queries")
             ax.grid(alpha=0.3)
@@ -138,21 +123,41 @@ def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
     by_position = {k: a for k, a in ((k, key_position_accuracy(v)) for k, v in chosen.items()) if a}
     if by_position:
         buckets = sorted(set().union(*by_position.values()))
-        fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1.8, 3.6), squeeze=False, sharey=True)
-        for ax, width in zip(axes[0], widths):
-            for (_, label, w), acc in by_position.items():
-                if w == width:
-                    have = [i for i, b in enumerate(buckets) if b in acc]
-                    ax.plot(have, [acc[buckets[i]] for i in have], marker="o", label=label, color=colour[label])
-            ax.set_xticks(range(len(buckets)), [f"{lo}-{hi - 1}" for lo, hi in buckets])
-            ax.set_ylim(-0.02, 1.02)
-            ax.set_xlabel("position of the query's key")
-            ax.set_title(f"width {width}")
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("MQAR test accuracy")
-        _legend(fig, axes[0])
-        made.append(save_figure(fig, out / "mqar_key_position.png"))
+        curves = {(label, w): [(i, acc[b]) for i, b in enumerate(buckets) if b in acc]
+                  for (_, label, w), acc in by_position.items()}
+        made.append(_accuracy_panels(curves, widths, colour, (range(len(buckets)),
+                                                              [f"{lo}-{hi - 1}" for lo, hi in buckets]),
+                                     "position of the query's key", "", out / "mqar_key_position.png"))
     return made
+
+
+def _accuracy_panels(curves: dict[tuple[str, int], list[tuple[float, float]]], widths: list[int], colour: dict,
+                     ticks: tuple, xlabel: str, title: str, path: Path, log2: bool = False) -> Path:
+    """MQAR test accuracy, a panel per width and a line per architecture (``curves``: (label,
+    width) -> its (x, accuracy) points); ``ticks``: (positions, labels) of the x axis."""
+    fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1.8, 3.6), squeeze=False, sharey=True)
+    for ax, width in zip(axes[0], widths):
+        for (label, w), points in curves.items():
+            if w == width:
+                ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label, color=colour[label])
+        if log2:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(*ticks)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"width {width}{title}")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("MQAR test accuracy")
+    _legend(fig, axes[0])
+    return save_figure(fig, path)
+
+
+def _plane_point(group: dict) -> tuple[float, float] | None:
+    """(@value, @key + @query) of a near or far group: induction against direct retrieval from
+    either position (Mamba on MQAR reads the key at its own position, Hyena at the query); None
+    where one was not measured."""
+    value, key, query = group.get("@value"), group.get("@key"), group.get("@query")
+    return None if None in (value, key, query) else (value, key + query)
 
 
 def _legend(fig, axes) -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 from ..errors import MechEvalError
 from ..training.sweep import Sweep
 from ..runs.files import run_cost, run_seconds
-from .report import model_label
 from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
-                                REFERENCE_RECIPE, Selection, _order, _table, _width, recipe)
+                                REFERENCE_RECIPE, Plan, Selection, _order, _table, _width, args_label,
+                                finished, planned_runs, recipe)
 
 GRID_SWEEPS = ("ref_width_ar", "ref_width_ablations", "ref_depth", "ref_atr_languages", "ref_ar_beyond")
 # the packaged sweep file of each block (what is planned there: a verdict waits for all of it)
@@ -49,8 +49,9 @@ def _reference(results: dict[str, list[dict]], sweep: str) -> list[dict]:
 
 def grid_rows(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
     """Each block's rows, the width-64 (2-layer) column of the reference setting included:
-    "ar" (2 layers, every width; Mamba-2's and Gated DeltaNet's rows too, which no claim reads), "ablations" (Mamba and Based, every short convolution, widths 64
-    and 256: conv 4 and Based's default 3 are "ar"'s runs), "depth" (width 64, 1-3 layers), "atr"."""
+    "ar" (2 layers, every width; Mamba-2's and Gated DeltaNet's rows too, which no claim reads),
+    "ablations" (Mamba and Based, every short convolution, widths 64 and 256: conv 4 and Based's
+    default 3 are "ar"'s runs), "depth" (width 64, 1-3 layers), "atr"."""
     depth = _reference(results, "ref_depth")
     # the 2-layer runs with the reference's positions (depth.yaml) are also the width-64 column of
     # those models in the width grid, beside width_ar's positions runs at 256
@@ -87,39 +88,16 @@ def by_layers(rows: list[dict]) -> dict[tuple, Selection]:
     return cells(rows, lambda r: (r["label"], r["layers"]))
 
 
-Plan = dict[tuple, set[tuple[float, int]]]
-
-
 def planned(sweeps: tuple[str, ...], key) -> Plan:
-    """The (learning rate, seed) runs the packaged sweep files of ``sweeps`` plan per
-    configuration (``key(args)``; the args of a sweep's run)."""
-    out: Plan = {}
-    for sweep in sweeps:
-        try:
-            runs = Sweep.load(SWEEP_FILES[sweep]).runs
-        except MechEvalError:    # a block whose sweep file is not written yet plans nothing so far
-            continue
-        for run in runs:
-            out.setdefault(key(run.args), set()).add((run.args["learning_rate"], run.args.get("seed", 0)))
-    return out
-
-
-def _args_label(args: dict) -> str:
-    return model_label({"architecture": args["architecture"], **args.get("model_config", {}),
-                        **({"max_position_embeddings": args["max_position_embeddings"]}
-                           if "max_position_embeddings" in args else {})})
+    """The (learning rate, seed) runs the packaged sweep files of the blocks ``sweeps`` plan per
+    configuration ``key(args)``."""
+    return planned_runs([SWEEP_FILES[s] for s in sweeps], key)
 
 
 def planned_by_width() -> Plan:
     """(label, width) -> the runs planned for it, 2 layers (width 64 from recipe_ar.yaml)."""
     return planned(("ref_recipe_ar", "ref_width_ar", "ref_ar_beyond", "ref_recipe_ablations", "ref_width_ablations"),
-                   lambda a: (_args_label(a), a.get("hidden_size", 64)))
-
-
-def done(sel: dict[tuple, Selection], key: tuple, plan: Plan) -> bool:
-    """Whether ``key`` has run at every learning rate and seed planned for it (at least one run):
-    a cell is judged on the seeds planned for it, never on its first seed alone."""
-    return key in sel and plan.get(key, set()) <= {(r["learning_rate"], r.get("seed") or 0) for r in sel[key].rows}
+                   lambda a: (args_label(a), a.get("hidden_size", 64)))
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -268,7 +246,7 @@ def _at_width(sel: dict[tuple, Selection], plan: Plan,
               width: int) -> tuple[dict[str, Selection], callable]:
     """``sel`` (``by_width``) at one width, by label, and whether a label's cell there is done."""
     at = {label: s for (label, d), s in sel.items() if d == width}
-    return at, lambda label: done(sel, (label, width), plan)
+    return at, lambda label: finished(sel, (label, width), plan)
 
 
 def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
@@ -278,10 +256,10 @@ def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
     at, ready = _at_width(by_width(rows["ar"] + conv), planned_by_width(), PAPER_WIDTH)
     out = [dict(v, claim=f"{v['claim']} (width {PAPER_WIDTH})") for v in ar_claims(at, ready)]
     depth = by_layers(rows["depth"])
-    depth_plan = planned(("ref_depth", "ref_recipe_ar"), lambda a: (_args_label(a), a.get("num_hidden_layers", 2)))
+    depth_plan = planned(("ref_depth", "ref_recipe_ar"), lambda a: (args_label(a), a.get("num_hidden_layers", 2)))
 
     def ready_depth(*keys):
-        return all(done(depth, k, depth_plan) or (k[1] == 2 and k in depth) for k in keys)
+        return all(finished(depth, k, depth_plan) or (k[1] == 2 and k in depth) for k in keys)
 
     def judged(text, paper, keys, holds, figures):
         ok = ready_depth(*keys)
@@ -461,7 +439,7 @@ def _finished_cells(rows: list[dict]) -> dict[tuple, Selection]:
     """The (label, width) cells of ``rows`` that have run at every learning rate and seed planned
     for them: a cell part-way through would draw its best-so-far rate as its best."""
     sel, plan = by_width(rows), planned_by_width()
-    return {key: s for key, s in sel.items() if done(sel, key, plan)}
+    return {key: s for key, s in sel.items() if finished(sel, key, plan)}
 
 
 def _dodge(series: dict[str, list[tuple[int, float]]], close: float,

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import math
 
+from typing import Any, Iterable
+
+from ..errors import MechEvalError
 from ..experiments import read_experiment
 from ..training.sweep import Sweep, best_learning_rate, mean_validation_accuracy
 from ..runs.files import run_seconds
@@ -42,15 +45,38 @@ ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3"
                       "gated_deltanet")
 
 
-def planned_learning_rates(sweep: str = "reference/ar") -> dict[str, set[float]]:
-    """The learning rates the packaged sweep tries per configuration (table label). An AR claim
-    gets its verdict once all of its models' rates have finished (until then the best rate is not
-    known), and reads "not run yet" before."""
-    planned: dict[str, set[float]] = {}
-    for run in Sweep.load(sweep).runs:
-        model = {"architecture": run.args["architecture"], **run.args.get("model_config", {})}
-        planned.setdefault(model_label(model), set()).add(run.args["learning_rate"])
-    return planned
+# a configuration (a table label, or a tuple beginning with one) -> the (learning rate, seed) runs
+# planned for it
+Plan = dict[Any, set[tuple[float, int]]]
+
+
+def args_label(args: dict) -> str:
+    """The table label of a sweep run's arguments (``model_label`` of its architecture, model
+    config and positions)."""
+    return model_label({"architecture": args["architecture"], **args.get("model_config", {}),
+                        **({"max_position_embeddings": args["max_position_embeddings"]}
+                           if "max_position_embeddings" in args else {})})
+
+
+def planned_runs(sweeps: Iterable[str], key=lambda args: args_label(args)) -> Plan:
+    """The (learning rate, seed) runs the packaged sweep files ``sweeps`` (``reference/ar``) plan
+    per configuration ``key(args)``; a sweep file not written yet plans nothing so far."""
+    out: Plan = {}
+    for sweep in sweeps:
+        try:
+            runs = Sweep.load(sweep).runs
+        except MechEvalError:
+            continue
+        for run in runs:
+            out.setdefault(key(run.args), set()).add((run.args["learning_rate"], run.args.get("seed", 0)))
+    return out
+
+
+def finished(sel: dict[Any, "Selection"], key, plan: Plan) -> bool:
+    """Whether ``key`` has a run at every learning rate and seed planned for it (and one at least):
+    a claim is judged once its models' best rates are known on every seed planned, and reads "not
+    run yet" before, never judged on a first seed alone."""
+    return key in sel and plan.get(key, set()) <= {(r["learning_rate"], r.get("seed") or 0) for r in sel[key].rows}
 
 
 def recipe(row: dict) -> str:
@@ -216,7 +242,7 @@ def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
             return [r for r in table_rows if recipe(r) == name]
         atr = {t: selections(of(rows["atr"]), t) for t in ("atr_easy", "atr_gen")}
         judged[name] = verdicts(selections(of(rows["ar"])), selections(of(widths)), atr,
-                                planned_learning_rates(PLANNED_AR[name]))
+                                planned_runs((PLANNED_AR[name],)))
     tables["ref_verdicts"] = _table(
         ["claim", "paper", f"here ({REFERENCE_RECIPE} recipe)", "verdict", f"here ({EARLIER_RECIPE})", "verdict"],
         [[new["claim"], new["paper"], new["figures"], new["verdict"], old["figures"], old["verdict"]]
@@ -236,9 +262,9 @@ def _based_width(label: str) -> str:
 
 
 def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[str, dict[str, Selection]],
-             planned: dict[str, set[float]]) -> list[dict]:
+             planned: Plan) -> list[dict]:
     """The paper's claims at this setting, each with the figures and a verdict (or "not run yet"
-    while an AR model has rates in ``planned`` that have not finished)."""
+    while an AR model has runs in ``planned`` that have not finished)."""
     out = []
 
     def claim(text, paper, needed, holds, figures):
@@ -249,8 +275,7 @@ def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[s
                         "**holds**" if holds() else "**does not hold**"})
 
     def done(label: str) -> bool:
-        """Whether every learning rate of ``label`` on AR has finished."""
-        return label in ar and planned.get(label, set()) <= set(ar[label].by_lr)
+        return finished(ar, label, planned)
 
     def acc(sel: dict, label: str) -> str:
         return f"{100 * sel[label].accuracy():.1f} %"

@@ -123,5 +123,7 @@ def test_report_of_an_evaluated_mqar_run(mqar_run, tmp_path):
     assert [(s["seq_len"], s["num_pairs"]) for s in row["test_by_setting"]] == [(16, 2), (32, 6)]
     assert set(row["by_distance"]) == {"near", "far"}
     assert "test_by_setting" not in (tmp_path / "report" / "runs.csv").read_text().splitlines()[0]
-    for name in ("mqar_pairs.png", "mqar_length.png", "mqar_near_far.png"):
+    for name in ("mqar_pairs.png", "mqar_length.png"):
         assert (tmp_path / "report" / name).read_bytes().startswith(b"\x89PNG")
+    # ten steps answer nothing, so no restoration is measured near or far: no empty plane is drawn
+    assert row["by_distance"]["near"]["@value"] is None and not (tmp_path / "report" / "mqar_near_far.png").exists()

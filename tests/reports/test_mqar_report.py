@@ -2,8 +2,8 @@
 table with near and far labels, Zoology's Figure 2 beside ours, and the figures; from rows made
 by hand (the functions are pure functions of `mecheval report`'s rows)."""
 from hf_mecheval.experiments import read_experiment
-from hf_mecheval.reports.mqar import (chosen_runs, key_position_table, mqar_figures, mqar_table, setting_accuracy,
-                                     zoology_table)
+from hf_mecheval.reports.mqar import (_plane_point, chosen_runs, key_position_table, mqar_figures, mqar_table,
+                                     setting_accuracy, zoology_table)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -66,6 +66,17 @@ def test_figures_are_drawn(tmp_path):
     for p in made:
         data = p.read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_the_near_far_plane_reads_direct_retrieval_from_either_position(tmp_path):
+    # Mamba on MQAR restores at the key, Hyena at the query: both stand at @key + @query = 1
+    assert _plane_point({"@key": 0.94, "@value": 0.0, "@query": 0.02}) == (0.0, 0.96)
+    assert _plane_point({"@key": 0.0, "@value": 0.01, "@query": 1.03}) == (0.01, 1.03)
+    assert _plane_point({"@key": 0.9, "@value": 0.0, "@query": None}) is None     # not measured
+    # a model with a group not measured is left out of the figure, not drawn at 0
+    unmeasured = {"near": {"@key": 0.9, "@value": 0.0, "@query": None}, "far": NEAR_FAR["far"]}
+    rows = [dict(ROWS[0], by_distance=unmeasured)] + ROWS[1:]
+    assert "mqar_near_far.png" not in [p.name for p in mqar_figures(rows, tmp_path)]
 
 
 def test_reproduction_tables_come_from_each_mqar_sweep():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 
 from hf_mecheval.cli import main as mecheval
-from hf_mecheval.reports.reference_setting import planned_learning_rates
+from hf_mecheval.reports.reference_setting import planned_runs
 from hf_mecheval.reports.reproduction import check_document, claim_tables, load_results, update_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,19 +92,30 @@ def test_reference_tables_pick_the_learning_rate_on_validation_and_give_verdicts
           ref("hyena", "hyena", 1e-3, 0.3, 0.3), ref("baseconv", "baseconv", 1e-3, 0.2, 0.2),
           ref("h3", "h3", 1e-3, 0.6, 0.6)]
     ar += [ref(label, label, 3e-4, 0.1, 0.1) for label in ("hyena", "baseconv", "h3")]
-    # a claim waits for both learning rates of its models: with only 1e-3, no verdict yet
+    # the seeds the packaged sweep plans beyond seed 0 (the Transformer's at 1e-3, Mamba's at 3e-3)
+    ar += [ref("transformer", "transformer", 1e-3, 0.99, test, seed=s, head=0.96, **induction)
+           for s, test in ((1, 0.95), (2, 0.99))]
+    ar += [ref("mamba (conv 4)", "mamba", 3e-3, 0.4, 0.4, seed=s, key=0.5, value=0.0, query=0.4,
+               mechanism="direct_key_query") for s in (1, 2)]
+    # a claim waits for every learning rate and seed planned for its models: with only 1e-3, no
+    # verdict yet, nor without the Transformer's seed 2
+    no_seed_2 = {line.split(" | ")[0].strip("| "): line for line in claim_tables(
+        {"ref_ar": [r for r in ar if not (r["label"] == "transformer" and r["seed"] == 2)]})[
+            "ref_verdicts"].splitlines()[2:]}
+    assert no_seed_2["Transformer and Based solve AR"].endswith("| — | not run yet |")
+    assert not no_seed_2["Mamba (conv 4) solves AR"].endswith("| — | not run yet |")
     partial = claim_tables({"ref_ar": [r for r in ar if r["learning_rate"] == 1e-3]})
     assert all(line.endswith("| — | not run yet |") for line in partial["ref_verdicts"].splitlines()[2:])
     # the packaged ref_ar sweep gives Mamba two more rates, 3e-3 and 1e-2: its claims wait for them too
-    assert planned_learning_rates()["mamba (conv 4)"] == {1e-3, 3e-4, 3e-3, 1e-2}
+    assert {lr for lr, _ in planned_runs(("reference/ar",))["mamba (conv 4)"]} == {1e-3, 3e-4, 3e-3, 1e-2}
     waiting = {line.split(" | ")[0].strip("| "): line for line in claim_tables(
         {"ref_ar": [r for r in ar if r["learning_rate"] != 1e-2]})["ref_verdicts"].splitlines()[2:]}
     assert waiting["Mamba (conv 4) solves AR"].endswith("| — | not run yet |")
     assert waiting["Transformer and Based solve AR"].endswith("**holds** |")
     # a failed Mamba's scores say nothing about its mechanism
     failed = [r for r in ar if r["label"] != "mamba (conv 4)"] + [
-        ref("mamba (conv 4)", "mamba", lr, 0.2, 0.2, key=0.8, value=0.1, query=0.0, mechanism="failed")
-        for lr in (1e-3, 3e-4, 3e-3, 1e-2)]
+        ref("mamba (conv 4)", "mamba", lr, 0.2, 0.2, seed=seed, key=0.8, value=0.1, query=0.0, mechanism="failed")
+        for lr, seed in ((1e-3, 0), (3e-4, 0), (3e-3, 0), (3e-3, 1), (3e-3, 2), (1e-2, 0))]
     verdict = {line.split(" | ")[0].strip("| "): line
                for line in claim_tables({"ref_ar": failed})["ref_verdicts"].splitlines()[2:]}
     assert verdict["Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1"].endswith("**does not hold** |")
@@ -112,8 +123,8 @@ def test_reference_tables_pick_the_learning_rate_on_validation_and_give_verdicts
     lines = {line.split(" | ")[0].strip("| "): line for line in tables["ref_ar"].splitlines()[2:]}
     # rows that record no recipe come from the earlier one; the last column is the reference's statistic:
     # the best seed-0 run over the rates on the first 320 test documents (3e-4: 100 %, chosen on them)
-    assert lines["transformer"] == ("| transformer | N(0, 0.02) init, clip 1 | 100 | 1e-3 | 3e-4: 90.0, 1e-3: 99.0 | 1 | 97.0 | 96.0 | 0.00 | "
-                                    "1.00 | 0.00 | induction (high) | 20 | 100.0 |")
+    assert lines["transformer"] == ("| transformer | N(0, 0.02) init, clip 1 | 100 | 1e-3 | 3e-4: 90.0, 1e-3: 99.0 | 3 "
+                                    "| 97.0 ± 2.0 | 96.0 ± 0.0 | 0.00 | 1.00 | 0.00 | induction (high) | 20 | 100.0 |")
     # Based: a tie on validation goes to the smaller rate, whose mechanism the table then shows
     assert "| based | N(0, 0.02) init, clip 1 | 99 | 3e-4 |" in lines["based"] and "direct_query (high)" in lines["based"]
     # two seeds: mean ± sample sd of 80 and 90; scores are means over seeds
@@ -175,15 +186,17 @@ def test_the_reference_recipe_and_the_earlier_one_stand_side_by_side():
                 "learning_rate": lr, "test_head_accuracy": head, "confidence": "high"}
 
     new = [mamba(1e-2, 0.75, 0.78, reference), mamba(3e-2, 0.70, 0.80, reference), mamba(3e-3, 0.67, 0.72, reference),
-           mamba(1e-3, 0.30, 0.31, reference), mamba(1e-2, 0.71, 0.95, reference, seed=1)]
-    old = [mamba(lr, acc, acc, earlier) for lr, acc in ((3e-4, 0.09), (1e-3, 0.2), (3e-3, 0.57), (1e-2, 0.0))]
+           mamba(1e-3, 0.30, 0.31, reference), mamba(1e-2, 0.71, 0.95, reference, seed=1),
+           mamba(1e-2, 0.73, 0.865, reference, seed=2)]
+    old = [mamba(lr, acc, acc, earlier, seed) for lr, acc, seed in ((3e-4, 0.09, 0), (1e-3, 0.2, 0), (3e-3, 0.57, 0),
+                                                                    (3e-3, 0.57, 1), (3e-3, 0.57, 2), (1e-2, 0.0, 0))]
     tables = claim_tables({"ref_recipe_ar": new, "ref_ar": old})
     lines = tables["ref_ar"].splitlines()[2:]
     assert [line.split(" | ")[1] for line in lines] == ["reference", "N(0, 0.02) init, clip 1"]
-    # ours: 1e-2 (best on validation), mean ± sd of its two seeds; the reference's: the best seed-0
+    # ours: 1e-2 (best on validation), mean ± sd of its three seeds; the reference's: the best seed-0
     # run over the rates on the first 320 test documents (3e-2: 80 %), whatever validation says
     assert lines[0].startswith("| mamba (conv 4) | reference | 91 | 1e-2 | 1e-3: 30.0, 3e-3: 67.0, 1e-2: 73.0, "
-                               "3e-2: 70.0 | 2 | 73.0 ± 2.8 | 86.5 ± 12.0 |")
+                               "3e-2: 70.0 | 3 | 73.0 ± 2.0 | 86.5 ± 8.5 |")
     assert lines[0].endswith("| 80.0 |") and lines[1].endswith("| 57.0 |")
     verdict = {line.split(" | ")[0].strip("| "): line for line in tables["ref_verdicts"].splitlines()[2:]}
     assert verdict["Mamba (conv 4) solves AR"].endswith("| 91 % | 73.0 % | **does not hold** | 57.0 % | **does not hold** |")
