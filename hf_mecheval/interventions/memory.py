@@ -9,9 +9,9 @@ once alone and once as a batch of two copies, while every tensor allocated is co
 peak of what was alive at once is each one's cost. The difference is what one more document
 adds; the rest is fixed per batch (the lag kernels of H3's state read in closed form, (length,
 channels, d_state) twice, about 155 MB at width 256, which counted once per document had cut its
-batches from 64 documents to 42). ``fitting_batch_size`` picks the largest batch, up to the one asked for, whose fixed part
-plus that many documents fits in ``SAFE_FRACTION`` of the memory available now, and refuses with
-the estimate when one document does not fit.
+batches from 64 documents to 42). ``fitting_batch_size`` picks the largest batch, up to the one
+asked for, whose fixed part plus that many documents fits in ``SAFE_FRACTION`` of the memory
+available now, and refuses with the estimate when one document does not fit.
 
 Not counted: memory that kernels allocate for themselves below torch's dispatcher (BLAS or
 cuDNN workspaces) and the allocator's own slack; the margin left by ``SAFE_FRACTION`` covers them.

@@ -58,7 +58,7 @@ def args_label(args: dict) -> str:
                            if "max_position_embeddings" in args else {})})
 
 
-def planned_runs(sweeps: Iterable[str], key=lambda args: args_label(args)) -> Plan:
+def planned_runs(sweeps: Iterable[str], key=args_label) -> Plan:
     """The (learning rate, seed) runs the packaged sweep files ``sweeps`` (``reference/ar``) plan
     per configuration ``key(args)``; a sweep file not written yet plans nothing so far."""
     out: Plan = {}
