@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -265,6 +266,13 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         grid = [[(r["layer_scores"].get(c) if r["layer_scores"].get(c) is not None else float("nan")) for c in cols]
                 for r in with_iv]
         image = ax.imshow(grid, vmin=-0.2, vmax=1, cmap="viridis", aspect="auto")
+        for i, (r, row) in enumerate(zip(with_iv, grid)):
+            # a row with nothing measured says so instead of standing blank (a blank cell on its own
+            # is a layer the model does not have): mostly a model that fails the task
+            if all(math.isnan(v) for v in row):
+                why = " (the model fails the task)" if r["mechanism"] == "failed" else ""
+                ax.text((len(cols) - 1) / 2, i, f"no restoration measured{why}", ha="center", va="center",
+                        fontsize=8, color="grey")
         ax.set_xticks(range(len(cols)), [c.replace(".input", "") for c in cols], rotation=45, ha="right", fontsize=8)
         # each row named apart from the others: the rate and seed where a model and width repeat
         names = run_tick_labels([{**r, "label": f"{r['label']} d={r['hidden_size']}"} for r in with_iv])

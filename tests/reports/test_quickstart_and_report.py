@@ -242,6 +242,33 @@ def test_the_layer_heatmap_orders_runs_by_rate_as_a_number_not_by_run_name():
         ("atr_easy", "mamba"), ("atr_easy", "transformer"), ("atr_gen", "mamba"), ("atr_gen", "transformer")]
 
 
+def test_the_layer_heatmap_says_why_a_row_is_blank(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from hf_mecheval.reports import report
+
+    def row(label, layers, mechanism, scores):
+        return {"run": label, "label": label, "architecture": label, "hidden_size": 64, "layers": layers,
+                "conv_kernel": None, "task": "ar_32", "learning_rate": 1e-3, "seed": 0, "test_accuracy": 0.9,
+                "mechanism": mechanism, "@key": 0.0, "@value": 0.0, "@query": 1.0, "layer_scores": scores}
+
+    # a 2-layer model that fails (the grid measured nothing: every score None), a 1-layer one that
+    # retrieves (its second layer's cells blank: it has none), and a label whose grid lacked the key
+    failing = row("hyena", 2, "failed", {f"layers.{l}.input@{p}": None for l in (0, 1) for p in ("key", "value", "query")})
+    one_layer = row("mamba", 1, "direct_key_query", {"layers.0.input@key": 1.0, "layers.0.input@value": 0.0,
+                                                     "layers.0.input@query": 0.0})
+    unmeasured = row("h3", 1, "direct_query", {"layers.0.input@key": None})
+    drawn = {}
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig) and path)
+    report.figures([failing, one_layer, unmeasured], tmp_path)
+    ax = drawn["layers.png"].axes[0]
+    said = {round(t.get_position()[1]): t.get_text() for t in ax.texts}
+    row_of = {t.get_text().split(" d=")[0]: i for i, t in enumerate(ax.get_yticklabels())}
+    assert said == {row_of["hyena"]: "no restoration measured (the model fails the task)",
+                    row_of["h3"]: "no restoration measured"}
+    plt.close("all")
+
+
 def test_bars_of_runs_on_several_tasks_name_the_task():
     from hf_mecheval.reports.report import run_tick_labels
 
