@@ -108,6 +108,8 @@ def test_every_command_has_help(command, capsys):
     assert info.value.code == 0
     text = capsys.readouterr().out
     assert "usage:" in text and len(text) > 200
+    # the usage line names the command typed, not `mecheval` alone (whose flags these are not)
+    assert text.startswith(f"usage: mecheval {' '.join(command)} "), text[:80]
 
 
 def test_reproduce_dry_run_lists_the_reference_sweep(capsys):

@@ -38,6 +38,12 @@ def _parser() -> HfArgumentParser:
                     "instead with: --job JOB.json [--resume | --overwrite]; see hf_mecheval/training/jobs.py.")
 
 
+def name_the_command(prog: str) -> None:
+    """Usage and error lines of the training flags start with ``prog`` (``mecheval train``), not
+    this process's script name (``mecheval``, which reads as if the flags were its own)."""
+    _parser().prog = prog
+
+
 @functools.cache
 def _numeric_fields() -> frozenset[str]:
     """The arguments whose values are numbers (read once: ``parse`` runs for every run of a sweep)."""

@@ -36,7 +36,7 @@ from ..runs.run_dir import check_replaceable, check_same_run, holds_files, resum
 from ..tasks.tokenizer import build_tokenizer
 from .arguments import RunArguments
 from .callbacks import StopWhenDiverged, TrainingClock
-from .command_line import this_command, values_as_flags
+from .command_line import name_the_command, this_command, values_as_flags
 from .data import batch_collator
 from .evaluation import compute_answer_metrics, logits_summary_for
 from .jobs import Job, read_job_file
@@ -116,6 +116,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     as written into ``command.txt`` (``mecheval train`` from the CLI; default: this process's own)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     follow_parent()              # started by a sweep: stop with it
+    if prog is not None:
+        name_the_command(prog)
     if argv[:1] == ["--job"]:
         return training_command(lambda: train_job_file(*job_arguments(argv)))
 
