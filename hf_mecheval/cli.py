@@ -223,10 +223,12 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _report_results(args: argparse.Namespace) -> int:
-    from .reports.reproduction import check_document, update_document, write_results_report
+    from .reports.reproduction import check_document, read_document, update_document, write_results_report
 
     if args.runs:
         raise MechEvalError("give either run directories or --results DIR, not both")
+    for document in filter(None, (args.update, args.check)):
+        read_document(document)          # a document it cannot read fails now, not after every figure
     made = write_results_report(args.results)
     print(f"{len(made['figures'])} figures and {args.results}/claims.md written from {args.results}/*/runs.json")
     if args.update:

@@ -290,7 +290,9 @@ def _block(name: str) -> re.Pattern:
     return re.compile(rf"<!-- table:{name} -->\n(.*?)<!-- /table:{name} -->", re.S)
 
 
-def _read_document(path: Path) -> str:
+def read_document(path: str | Path) -> str:
+    """A document's text; a MechEvalError (one line) where it is not UTF-8."""
+    path = Path(path)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:          # (OSError: the command line names the path)
@@ -299,7 +301,7 @@ def _read_document(path: Path) -> str:
 
 def check_document(document: str | Path, tables: dict[str, str]) -> list[str]:
     """Names of the tables whose block in ``document`` differs from the generated one (or is missing)."""
-    text = _read_document(Path(document))
+    text = read_document(document)
     stale = []
     for name, table in tables.items():
         match = _block(name).search(text)
@@ -311,7 +313,7 @@ def check_document(document: str | Path, tables: dict[str, str]) -> list[str]:
 def update_document(document: str | Path, tables: dict[str, str]) -> list[str]:
     """Rewrite the table blocks of ``document`` from ``tables``; returns the names it replaced."""
     path = Path(document)
-    text = _read_document(path)
+    text = read_document(path)
     replaced = []
     for name, table in tables.items():
         pattern = _block(name)

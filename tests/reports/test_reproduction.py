@@ -45,6 +45,17 @@ def test_tables_are_means_and_sample_sds_over_seeds():
 def test_report_results_command_regenerates_and_checks(tmp_path, capsys):
     results = tmp_path / "results"
     shutil.copytree(REPO / "results", results, ignore=shutil.ignore_patterns("*.png"))
+    # a document that is not UTF-8 text: one line, before any figure is drawn, and left as it was
+    latin = tmp_path / "latin1.md"
+    latin.write_bytes("caf\xe9 <!-- table:claim1 -->\n".encode("latin-1"))
+    for flag in ("--check", "--update"):
+        assert mecheval(["report", "--results", str(results), flag, str(latin)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{latin} is not UTF-8 text" in err[0], err
+    assert latin.read_bytes() == "caf\xe9 <!-- table:claim1 -->\n".encode("latin-1")
+    assert mecheval(["report", "--results", str(results), "--check", str(tmp_path / "missing.md")]) == 2
+    assert "missing.md" in capsys.readouterr().err
+    assert not any(results.rglob("*.png"))
     doc = tmp_path / "DOC.md"
     doc.write_text("intro\n<!-- table:claim1 -->\nold\n<!-- /table:claim1 -->\nend\n")
     assert mecheval(["report", "--results", str(results), "--check", str(doc)]) == 1
@@ -62,15 +73,6 @@ def test_report_results_command_regenerates_and_checks(tmp_path, capsys):
     assert check_document(doc, claim_tables(load_results(results))) != []
     assert mecheval(["report", "--results", str(tmp_path / "empty")]) == 2
     assert update_document(doc, {}) == []
-    # a document that is not UTF-8 text: one line, and left as it was
-    latin = tmp_path / "latin1.md"
-    latin.write_bytes("caf\xe9 <!-- table:claim1 -->\n".encode("latin-1"))
-    capsys.readouterr()
-    for flag in ("--check", "--update"):
-        assert mecheval(["report", "--results", str(results), flag, str(latin)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and f"{latin} is not UTF-8 text" in err[0], err
-    assert latin.read_bytes() == "caf\xe9 <!-- table:claim1 -->\n".encode("latin-1")
 
 
 def test_reference_tables_pick_the_learning_rate_on_validation_and_give_verdicts():
