@@ -21,12 +21,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..errors import MechEvalError
 from ..training.sweep import Sweep
 from ..runs.files import run_cost, run_seconds
 from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
                                 REFERENCE_RECIPE, Plan, Selection, _order, _table, _width, args_label,
-                                finished, planned_runs, recipe)
+                                finished, measured, planned_runs, recipe)
 
 GRID_SWEEPS = ("ref_width_ar", "ref_width_ablations", "ref_depth", "ref_atr_languages", "ref_ar_beyond")
 # the packaged sweep file of each block (what is planned there: a verdict waits for all of it)
@@ -198,17 +197,24 @@ def _mamba_direct(sel: Selection) -> bool:
     return sel.accuracy() >= FAILS and None not in s.values() and s["value"] <= 0.3 and s["key"] + s["query"] >= 0.5
 
 
-def ar_claims(at: dict[str, Selection], ready) -> list[dict]:
-    """The paper's AR claims on ``at`` (label -> Selection) at one width, ``ready(label)`` saying
-    whether a label's every planned rate and seed has finished."""
+def ar_claims(at: dict[str, Selection], state) -> list[dict]:
+    """The paper's AR claims on ``at`` (label -> Selection) at one width. ``state(label)``: "done"
+    where a label's every planned rate and seed has finished, "not planned" where no run of it is
+    planned at this width, else "not run yet"; a claim about the mechanism also waits for the
+    grids of the chosen rate's runs (``measured``)."""
     out = []
 
-    def claim(text, paper, needed, holds, figures):
-        if not all(ready(label) for label in needed):
-            out.append({"claim": text, "paper": paper, "figures": "—", "verdict": "not run yet"})
+    def claim(text, paper, needed, holds, figures, mechanism=False):
+        states = {state(label) for label in needed}
+        if "not planned" in states:
+            verdict = "not planned"
+        elif states != {"done"} or (mechanism and not all(measured(at[label]) for label in needed)):
+            verdict = "not run yet"
         else:
             out.append({"claim": text, "paper": paper, "figures": figures(),
                         "verdict": "**holds**" if holds() else "**does not hold**"})
+            return
+        out.append({"claim": text, "paper": paper, "figures": "—", "verdict": verdict})
 
     strong, weak, mamba = ("transformer", "based"), ("hyena", "baseconv", "h3"), "mamba (conv 4)"
     claim("Transformer and Based solve AR", "100 / 99 %", strong,
@@ -218,14 +224,15 @@ def ar_claims(at: dict[str, Selection], ready) -> list[dict]:
     claim("Hyena, BaseConv and H3 fail", "30 / 10 / 2 %", weak, lambda: all(at[l].accuracy() <= FAILS for l in weak),
           lambda: " / ".join(_acc(at[l]) for l in weak))
     claim("Transformer and Based use induction", "induction", strong,
-          lambda: all(_mech(at[l]) == "induction" for l in strong), lambda: " / ".join(_mech(at[l]) for l in strong))
+          lambda: all(_mech(at[l]) == "induction" for l in strong), lambda: " / ".join(_mech(at[l]) for l in strong),
+          mechanism=True)
     claim("Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1", "@value ≈ 0, @key + @query ≈ 1", (mamba,),
           lambda: _mamba_direct(at[mamba]),
           lambda: "@key {key}, @value {value}, @query {query}".format(
-              **{p: "n/a" if v is None else f"{v:.2f}" for p, v in _scores(at[mamba]).items()}))
+              **{p: "n/a" if v is None else f"{v:.2f}" for p, v in _scores(at[mamba]).items()}), mechanism=True)
     claim("DeltaNet retrieves directly", "direct retrieval", ("deltanet",),
           lambda: _mech(at["deltanet"]) in ("direct_query", "direct_key_query"),
-          lambda: f"{_acc(at['deltanet'])}, {_mech(at['deltanet'])}")
+          lambda: f"{_acc(at['deltanet'])}, {_mech(at['deltanet'])}", mechanism=True)
     conv = {k: f"mamba (conv {k})" for k in range(5)}
     claim("Mamba with a short convolution of width 0 or 1 collapses (≤ 10 %)", "6 / 3 %", (conv[0], conv[1]),
           lambda: all(at[conv[k]].accuracy() <= 0.1 for k in (0, 1)),
@@ -244,25 +251,27 @@ def ar_claims(at: dict[str, Selection], ready) -> list[dict]:
 
 def _at_width(sel: dict[tuple, Selection], plan: Plan,
               width: int) -> tuple[dict[str, Selection], callable]:
-    """``sel`` (``by_width``) at one width, by label, and whether a label's cell there is done."""
+    """``sel`` (``by_width``) at one width, by label, and each label's state there (``ar_claims``)."""
     at = {label: s for (label, d), s in sel.items() if d == width}
-    return at, lambda label: finished(sel, (label, width), plan)
+
+    def state(label: str) -> str:
+        if finished(sel, (label, width), plan):
+            return "done"
+        return "not run yet" if (label, width) in plan or (label, width) in sel else "not planned"
+    return at, state
 
 
 def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
     """The claims at the width the paper states them (AR and ablations at 256), the depth and
     position claims at 64, and ATR's at 64; each claim's text names its width."""
     conv = [r for r in rows["ablations"] if r["sweep"] == "ref_width_ablations"]     # conv 4 is in "ar"
-    at, ready = _at_width(by_width(rows["ar"] + conv), planned_by_width(), PAPER_WIDTH)
-    out = [dict(v, claim=f"{v['claim']} (width {PAPER_WIDTH})") for v in ar_claims(at, ready)]
+    at, state = _at_width(by_width(rows["ar"] + conv), planned_by_width(), PAPER_WIDTH)
+    out = [dict(v, claim=f"{v['claim']} (width {PAPER_WIDTH})") for v in ar_claims(at, state)]
     depth = by_layers(rows["depth"])
     depth_plan = planned(("ref_depth", "ref_recipe_ar"), lambda a: (args_label(a), a.get("num_hidden_layers", 2)))
 
-    def ready_depth(*keys):
-        return all(finished(depth, k, depth_plan) or (k[1] == 2 and k in depth) for k in keys)
-
-    def judged(text, paper, keys, holds, figures):
-        ok = ready_depth(*keys)
+    def judged(text, paper, keys, holds, figures, mechanism=False):
+        ok = all(finished(depth, k, depth_plan) and (not mechanism or measured(depth[k])) for k in keys)
         out.append({"claim": text, "paper": paper, "figures": figures() if ok else "—",
                     "verdict": ("**holds**" if holds() else "**does not hold**") if ok else "not run yet"})
 
@@ -272,19 +281,20 @@ def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
            lambda: f"1 layer {_acc(depth[m1])}, 2 layers {_acc(depth[m2])}")
     judged("A 1-layer Transformer cannot solve AR (width 64)", "fails", (t1,), lambda: depth[t1].accuracy() <= FAILS,
            lambda: _acc(depth[t1]))
-    three = sorted({k[0] for k in depth if k[1] == 3}, key=_order)
+    three = sorted({k[0] for k in depth_plan if k[1] == 3}, key=_order)      # the models planned with 3 layers
     judged("With 3 layers the picture of 2 holds: each model solves or fails as with 2, by the same mechanism "
            "(width 64)", "as with 2 layers", [(l, n) for l in three for n in (2, 3)] or [("transformer", 3)],
            lambda: all(_same_picture(depth[(l, 2)], depth[(l, 3)]) for l in three),
            lambda: "; ".join(f"{l}: {_acc(depth[(l, 2)])} {_mech(depth[(l, 2)])} → {_acc(depth[(l, 3)])} "
-                             f"{_mech(depth[(l, 3)])}" for l in three))
+                             f"{_mech(depth[(l, 3)])}" for l in three), mechanism=True)
     t0 = ("transformer (no positions)", 2)
     judged("The Transformer without position embeddings fails AR (width 64)", "fails", (t0,),
            lambda: depth[t0].accuracy() <= FAILS, lambda: _acc(depth[t0]))
     atr = cells(rows["atr"], lambda r: (r["label"], r["task"]))
+    atr_plan = planned(("ref_recipe_atr", "ref_atr_languages"), lambda a: (args_label(a), a["task"]))
     for task in TASK_ORDER:
         keys = [("transformer", task), ("mamba (conv 4)", task)]
-        ok = all(k in atr for k in keys)
+        ok = all(finished(atr, k, atr_plan) and measured(atr[k]) for k in keys)
         out.append({"claim": f"{task}: the Transformer uses induction, Mamba (conv 4) does not (width 64)",
                     "paper": "as on AR",
                     "figures": f"{_mech(atr[keys[0]])} / {_mech(atr[keys[1]])}" if ok else "—",
@@ -293,9 +303,17 @@ def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
     return out
 
 
+def _family(label: str) -> str:
+    """A mechanism label's kind: induction, direct retrieval (at the query, or the key and query),
+    mixed or failed; seeds of one cell may differ in which position a direct retrieval reads."""
+    return "direct" if label.startswith("direct") else label
+
+
 def _same_picture(two: Selection, three: Selection) -> bool:
-    """Both solve (≥ 50 %) or both fail, and with the same mechanism label."""
-    return (two.accuracy() >= FAILS) == (three.accuracy() >= FAILS) and _mech(two) == _mech(three)
+    """Both solve (≥ 50 %) or both fail, and the same kinds of mechanism (``_family``) over each
+    cell's seeds at its chosen rate."""
+    kinds = lambda sel: {_family(r.get("mechanism") or "n/a") for r in sel.best}
+    return (two.accuracy() >= FAILS) == (three.accuracy() >= FAILS) and kinds(two) == kinds(three)
 
 
 def claims_by_width(ar_rows: list[dict]) -> dict[str, list[str]]:
@@ -304,8 +322,8 @@ def claims_by_width(ar_rows: list[dict]) -> dict[str, list[str]]:
     table: dict[str, list[str]] = {}
     sel, plan = by_width(ar_rows), planned_by_width()      # the sweep files read once for all widths
     for width in WIDTHS:
-        at, ready = _at_width(sel, plan, width)
-        for v in ar_claims(at, ready)[:6]:
+        at, state = _at_width(sel, plan, width)
+        for v in ar_claims(at, state)[:6]:
             table.setdefault(v["claim"], []).append(v["verdict"].replace("**", ""))
     return table
 
@@ -317,12 +335,7 @@ def compute_table(results: dict[str, list[dict]]) -> str:
     lines = []
     for block, sweeps in BLOCKS.items():
         rows = [r for s in sweeps for r in results.get(s, [])]
-        planned_runs = 0
-        for s in sweeps:
-            try:
-                planned_runs += len(Sweep.load(SWEEP_FILES[s]).runs)
-            except MechEvalError:     # not written yet
-                pass
+        planned_runs = sum(len(Sweep.load(SWEEP_FILES[s]).runs) for s in sweeps)
         cpu = sum(run_seconds(r, "train_cpu_seconds") or 0 for r in rows) / 3600
         wall = sum(run_seconds(r, "train_wall_seconds") or 0 for r in rows) / 3600
         lines.append([block, f"{len(rows)} of {planned_runs}", f"{cpu:.1f}", f"{wall:.1f}"])

@@ -18,7 +18,6 @@ import math
 
 from typing import Any, Iterable
 
-from ..errors import MechEvalError
 from ..experiments import read_experiment
 from ..training.sweep import Sweep, best_learning_rate, mean_validation_accuracy
 from ..runs.files import run_seconds
@@ -32,8 +31,10 @@ TABLE_SWEEPS = {"ar": ("ref_recipe_ar", "ref_ar"), "ablations": ("ref_recipe_abl
                 "atr": ("ref_recipe_atr", "ref_atr")}
 SWEEPS = tuple(sweep for pair in TABLE_SWEEPS.values() for sweep in pair)
 REFERENCE_RECIPE, EARLIER_RECIPE = "reference", "N(0, 0.02) init, clip 1"
-# the packaged sweep that plans each recipe's AR learning rates (a claim waits for all of them)
-PLANNED_AR = {REFERENCE_RECIPE: "reference/recipe_ar", EARLIER_RECIPE: "reference/ar"}
+# the packaged sweeps that plan each recipe's runs, per table (a claim waits for all of them)
+PLANNED = {REFERENCE_RECIPE: {"ar": "reference/recipe_ar", "ablations": "reference/recipe_ablations",
+                              "atr": "reference/recipe_atr"},
+           EARLIER_RECIPE: {"ar": "reference/ar", "ablations": "reference/ar_ablations", "atr": "reference/atr"}}
 
 # the paper's own figures (%), from hf_mecheval/experiments/paper.yaml: AR accuracy at width 256
 # by model, and Mamba's short-convolution ablation at width 256 by convolution width
@@ -60,16 +61,20 @@ def args_label(args: dict) -> str:
 
 def planned_runs(sweeps: Iterable[str], key=args_label) -> Plan:
     """The (learning rate, seed) runs the packaged sweep files ``sweeps`` (``reference/ar``) plan
-    per configuration ``key(args)``; a sweep file not written yet plans nothing so far."""
+    per configuration ``key(args)``. A file that cannot be read is an error, not an empty plan
+    (which would let every claim be judged on its first run)."""
     out: Plan = {}
     for sweep in sweeps:
-        try:
-            runs = Sweep.load(sweep).runs
-        except MechEvalError:
-            continue
-        for run in runs:
+        for run in Sweep.load(sweep).runs:
             out.setdefault(key(run.args), set()).add((run.args["learning_rate"], run.args.get("seed", 0)))
     return out
+
+
+def measured(sel: "Selection") -> bool:
+    """Whether every run at ``sel``'s chosen rate has its mechanism (its intervention grid ran), or
+    failed (no grid runs on a failed run): a mechanism claim waits for the grids, where judging
+    without them would read "n/a" as a verdict."""
+    return all(r.get("mechanism") or r.get("failed") for r in sel.best)
 
 
 def finished(sel: dict[Any, "Selection"], key, plan: Plan) -> bool:
@@ -83,7 +88,8 @@ def recipe(row: dict) -> str:
     """The recipe a run was trained with, as the tables name it: REFERENCE_RECIPE (the reference's
     initialisation and no clipping), EARLIER_RECIPE, or any other pair spelt out. Rows written before
     runs.json recorded the two fields come from the earlier recipe, the only one there was."""
-    init, clip = row.get("init_scheme", "normal"), row.get("max_grad_norm", 1.0)
+    init = row.get("init_scheme") or "normal"
+    clip = 1.0 if row.get("max_grad_norm") is None else row["max_grad_norm"]
     if init == "reference" and not clip:
         return REFERENCE_RECIPE
     if init == "normal" and clip == 1.0:
@@ -241,8 +247,10 @@ def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
         def of(table_rows):
             return [r for r in table_rows if recipe(r) == name]
         atr = {t: selections(of(rows["atr"]), t) for t in ("atr_easy", "atr_gen")}
-        judged[name] = verdicts(selections(of(rows["ar"])), selections(of(widths)), atr,
-                                planned_runs((PLANNED_AR[name],)))
+        plans = {"ar": planned_runs((PLANNED[name]["ar"],)),
+                 "widths": planned_runs((PLANNED[name]["ar"], PLANNED[name]["ablations"])),
+                 "atr": planned_runs((PLANNED[name]["atr"],), lambda a: (args_label(a), a["task"]))}
+        judged[name] = verdicts(selections(of(rows["ar"])), selections(of(widths)), atr, plans)
     tables["ref_verdicts"] = _table(
         ["claim", "paper", f"here ({REFERENCE_RECIPE} recipe)", "verdict", f"here ({EARLIER_RECIPE})", "verdict"],
         [[new["claim"], new["paper"], new["figures"], new["verdict"], old["figures"], old["verdict"]]
@@ -262,9 +270,10 @@ def _based_width(label: str) -> str:
 
 
 def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[str, dict[str, Selection]],
-             planned: Plan) -> list[dict]:
+             plans: dict[str, Plan]) -> list[dict]:
     """The paper's claims at this setting, each with the figures and a verdict (or "not run yet"
-    while an AR model has runs in ``planned`` that have not finished)."""
+    while a model it reads has runs planned that have not finished, or, for a claim about the
+    mechanism, grids not yet run). ``plans``: "ar" and "widths" by label, "atr" by (label, task)."""
     out = []
 
     def claim(text, paper, needed, holds, figures):
@@ -274,8 +283,16 @@ def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[s
             out.append({"claim": text, "paper": paper, "figures": figures(), "verdict":
                         "**holds**" if holds() else "**does not hold**"})
 
-    def done(label: str) -> bool:
-        return finished(ar, label, planned)
+    def done(label: str, mechanism: bool = False) -> bool:
+        return finished(ar, label, plans["ar"]) and (not mechanism or measured(ar[label]))
+
+    def width_done(label: str) -> bool:
+        return finished(widths, label, plans["widths"])
+
+    def atr_done(task: str, label: str) -> bool:
+        cells = atr.get(task, {})
+        plan = {k[0]: runs for k, runs in plans["atr"].items() if k[1] == task}
+        return finished(cells, label, plan) and measured(cells[label])
 
     def acc(sel: dict, label: str) -> str:
         return f"{100 * sel[label].accuracy():.1f} %"
@@ -301,7 +318,7 @@ def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[s
     weak = ("hyena", "baseconv", "h3")
     claim("Hyena, BaseConv and H3 fail", "30 / 10 / 2 %", [done(l) for l in weak],
           lambda: all(ar[l].accuracy() <= 0.5 for l in weak), lambda: " / ".join(acc(ar, l) for l in weak))
-    claim("Transformer and Based use induction (@value ≈ 1, @query ≈ 0)", "induction", [done(l) for l in strong],
+    claim("Transformer and Based use induction (@value ≈ 1, @query ≈ 0)", "induction", [done(l, True) for l in strong],
           lambda: all(mech(ar, l) == "induction" for l in strong),
           lambda: " / ".join(mech(ar, l) for l in strong))
 
@@ -312,17 +329,17 @@ def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[s
                 and s["key"] + s["query"] >= 0.5)
 
     claim("Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1", "@value ≈ 0, @key + @query ≈ 1",
-          [done("mamba (conv 4)")], lambda: mamba_direct(ar, "mamba (conv 4)"),
+          [done("mamba (conv 4)", True)], lambda: mamba_direct(ar, "mamba (conv 4)"),
           lambda: "@key {key}, @value {value}, @query {query}".format(
               **{p: "n/a" if v is None else f"{v:.2f}" for p, v in scores(ar, "mamba (conv 4)").items()}))
-    claim("DeltaNet retrieves directly, like the other SSMs", "direct retrieval", [done("deltanet")],
+    claim("DeltaNet retrieves directly, like the other SSMs", "direct retrieval", [done("deltanet", True)],
           lambda: mech(ar, "deltanet") in ("direct_query", "direct_key_query"),
           lambda: f"{acc(ar, 'deltanet')}, {mech(ar, 'deltanet')}")
     # The width ablation as two claims: how low widths 0-1 fall, and whether 2-3 do as well as the
     # default 4. Whether conv 4 itself reaches the paper's level is the "solves AR" claim above.
     conv = {k: f"mamba (conv {k})" for k in range(5)}
     claim("Mamba with a short convolution of width 0 or 1 collapses (≤ 10 %)", "6 / 3 %",
-          [conv[k] in widths for k in (0, 1)],
+          [width_done(conv[k]) for k in (0, 1)],
           lambda: all(widths[conv[k]].accuracy() <= 0.1 for k in (0, 1)),
           lambda: " / ".join(acc(widths, conv[k]) for k in (0, 1)))
 
@@ -332,14 +349,14 @@ def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[s
                    and widths[conv[k]].accuracy() >= low + 0.2 for k in (2, 3))
 
     claim("Mamba with width 2 or 3 does as well as with 4 (within 10 points) and far better than with "
-          "0 or 1 (by ≥ 20 points)", "94 / 92 / 91 %", [conv[k] in widths for k in range(5)], narrow_works,
+          "0 or 1 (by ≥ 20 points)", "94 / 92 / 91 %", [width_done(conv[k]) for k in range(5)], narrow_works,
           lambda: " / ".join(acc(widths, conv[k]) for k in (2, 3, 4)))
     easy = atr.get("atr_easy", {})
     claim("ATR: the Transformer uses induction, Mamba (conv 4) does not", "as on AR",
-          ["transformer" in easy, "mamba (conv 4)" in easy],
+          [atr_done("atr_easy", "transformer"), atr_done("atr_easy", "mamba (conv 4)")],
           lambda: mech(easy, "transformer") == "induction" and mech(easy, "mamba (conv 4)") != "induction",
           lambda: f"{mech(easy, 'transformer')} / {mech(easy, 'mamba (conv 4)')}")
     claim("ATR: Mamba without its short convolution learns the task by induction", "induction",
-          ["mamba (conv 0)" in easy], lambda: mech(easy, "mamba (conv 0)") == "induction",
+          [atr_done("atr_easy", "mamba (conv 0)")], lambda: mech(easy, "mamba (conv 0)") == "induction",
           lambda: f"{acc(easy, 'mamba (conv 0)')}, {mech(easy, 'mamba (conv 0)')}")
     return out

@@ -99,6 +99,8 @@ def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict 
                "init_scheme": init_scheme_of(model), "max_grad_norm": record["training"].get("max_grad_norm"),
                "validation_accuracy": final["validation_accuracy"], "test_accuracy": final["test_accuracy"],
                "train_seconds": _train_seconds(metrics)}
+        if final.get("failed"):                          # why it failed (diverged, trained no step): no grid will run
+            row["failed"] = final["failed"]
         # written by runs since the wall clock and the test head exist (training.callbacks.TrainingClock)
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_head_size", "train_head_accuracy",
                     "train_wall_seconds", "train_cpu_seconds", "train_segments", "train_segment_times",
