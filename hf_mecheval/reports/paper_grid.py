@@ -93,6 +93,11 @@ def planned(sweeps: tuple[str, ...], key) -> Plan:
     return planned_runs([SWEEP_FILES[s] for s in sweeps], key)
 
 
+def _depth_plan() -> Plan:
+    """(label, layers) -> the runs planned for it at width 64 (2 layers from recipe_ar.yaml)."""
+    return planned(("ref_depth", "ref_recipe_ar"), lambda a: (args_label(a), a.get("num_hidden_layers", 2)))
+
+
 def planned_by_width() -> Plan:
     """(label, width) -> the runs planned for it, 2 layers (width 64 from recipe_ar.yaml)."""
     return planned(("ref_recipe_ar", "ref_width_ar", "ref_ar_beyond", "ref_recipe_ablations", "ref_width_ablations"),
@@ -267,8 +272,7 @@ def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
     conv = [r for r in rows["ablations"] if r["sweep"] == "ref_width_ablations"]     # conv 4 is in "ar"
     at, state = _at_width(by_width(rows["ar"] + conv), planned_by_width(), PAPER_WIDTH)
     out = [dict(v, claim=f"{v['claim']} (width {PAPER_WIDTH})") for v in ar_claims(at, state)]
-    depth = by_layers(rows["depth"])
-    depth_plan = planned(("ref_depth", "ref_recipe_ar"), lambda a: (args_label(a), a.get("num_hidden_layers", 2)))
+    depth, depth_plan = by_layers(rows["depth"]), _depth_plan()
 
     def judged(text, paper, keys, holds, figures, mechanism=False):
         ok = all(finished(depth, k, depth_plan) and (not mechanism or measured(depth[k])) for k in keys)
@@ -389,7 +393,9 @@ def grid_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
         made.append(accuracy_width_figure(finished, out / "accuracy_by_width.png"))
         made.append(restoration_width_figure(finished, out / "restoration_by_width.png"))
     if results.get("ref_width_ablations"):
-        made.append(ablations_width_figure(rows["ablations"], out / "ablations_by_width.png"))
+        done = _finished_cells(rows["ablations"])           # as above: no cell part-way through
+        made.append(ablations_width_figure([r for r in rows["ablations"] if (r["label"], r["hidden_size"]) in done],
+                                           out / "ablations_by_width.png"))
     if results.get("ref_depth"):
         made.append(layers_figure(rows["depth"], out / "restoration_by_layer.png"))
     return made
@@ -544,7 +550,8 @@ def layers_figure(rows: list[dict], path: Path) -> Path:
 
     from .plots import save_figure
 
-    sel = by_layers(rows)
+    cells_so_far, plan = by_layers(rows), _depth_plan()
+    sel = {k: s for k, s in cells_so_far.items() if finished(cells_so_far, k, plan)}     # none part-way through
     labels = sorted({label for label, _ in sel}, key=_order)
     depths = sorted({n for _, n in sel})
     fig, axes = plt.subplots(len(labels), len(depths), figsize=(3.6 * len(depths), 2.4 * len(labels)),

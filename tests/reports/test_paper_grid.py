@@ -312,6 +312,26 @@ def test_the_layers_figure_keeps_its_legend_off_the_panels_and_a_scale_on_each(r
     assert len(seen["panels"]) > 3 and all("1.00" in labels for labels in seen["scales"])
 
 
+def test_the_grid_figures_draw_no_cell_part_way_through(results, tmp_path, monkeypatch):
+    from hf_mecheval.reports import paper_grid, plots
+
+    titles, save = {}, plots.save_figure
+
+    def look(fig, path, layout=True):
+        titles[path.name] = [ax.get_title() for ax in fig.axes if ax.axison]
+        return save(fig, path, layout)
+    monkeypatch.setattr(plots, "save_figure", look)
+    paper_grid.grid_figures(results, tmp_path)
+    one_layer_mamba = [t for t in titles["restoration_by_layer.png"] if t.startswith("mamba (conv 4), 1 layer ")]
+    assert len(one_layer_mamba) == 1
+    # the 1-layer Mamba plans seeds 0-2: with seed 1 missing, its panel waits
+    results["ref_depth"] = [r for r in results["ref_depth"]
+                            if not (r["label"] == "mamba (conv 4)" and r["layers"] == 1 and r["seed"] == 1)]
+    paper_grid.grid_figures(results, tmp_path)
+    assert not [t for t in titles["restoration_by_layer.png"] if t.startswith("mamba (conv 4), 1 layer ")]
+    assert [t for t in titles["restoration_by_layer.png"] if t.startswith("mamba (conv 4), 2 layers ")]
+
+
 def test_figures_of_runs_at_several_depths_name_each_runs_depth():
     from hf_mecheval.reports.report import figure_labels, run_tick_labels
 
