@@ -7,7 +7,10 @@ Every function is a pure function of ``mecheval report``'s rows (``report.collec
 run's row holds ``test_by_setting`` and, once evaluated, ``by_distance``), so the same code draws a
 sweep's report and REPRODUCTION.md's figures from ``results/<sweep>/runs.json``. For each
 architecture and width the learning rate is the one with the best mean *validation* accuracy over
-seeds, and what is shown is that rate's runs (their mean where seeds are several).
+seeds, and what is shown is that rate's runs (accuracies their mean where seeds are several,
+mechanisms the first seed's). Given the sweep file's ``plan`` ((task, label, width) -> the
+(learning rate, seed) runs it plans), a cell is shown only once all of them have finished, as
+REPRODUCTION.md's are; a sweep's own report shows every cell as it stands.
 """
 from __future__ import annotations
 
@@ -32,13 +35,18 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def chosen_runs(rows: list[dict]) -> dict[tuple[str, str, int], list[dict]]:
+def chosen_runs(rows: list[dict], plan: dict | None = None) -> dict[tuple[str, str, int], list[dict]]:
     """(task, label, width) -> the runs at the learning rate whose mean validation accuracy over
-    seeds is best (ties: the lower rate), in a stable order of tasks, labels and widths."""
+    seeds is best (ties: the lower rate), in a stable order of tasks, labels and widths; with a
+    ``plan``, only the cells every planned run of which has finished (a cell part-way through
+    would show its best rate so far as its best)."""
     by_rate: dict[tuple, dict[float, list[dict]]] = {}
     for r in rows:
         key = (r["task"], r["label"], r["hidden_size"])
         by_rate.setdefault(key, {}).setdefault(r.get("learning_rate") or 0.0, []).append(r)
+    if plan is not None:
+        by_rate = {key: rates for key, rates in by_rate.items() if plan.get(key, set()) <= {
+            (lr, r.get("seed") or 0) for lr, runs in rates.items() for r in runs}}
     return {key: by_rate[key][best_learning_rate(by_rate[key])] for key in sorted(by_rate)}
 
 
@@ -71,14 +79,17 @@ def _axis_settings(settings: set[tuple[int, int]]) -> tuple[int, list[int], int,
     return length, pair_counts, pairs, sorted({L for L, p in settings if p == pairs})
 
 
-def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
+def mqar_figures(rows: list[dict], out: Path, plan: dict | None = None) -> list[Path]:
     """mqar_pairs.png (accuracy against the number of pairs at one length), mqar_length.png
     (against the length at one number of pairs) and, where grids were run, mqar_near_far.png
     (restoration @value against @key + @query of near and far queries: induction against direct
-    retrieval, wherever a model retrieves from) and, where runs recorded it, mqar_key_position.png
-    (accuracy against where the query's key stands); one panel per width."""
+    retrieval, wherever a model retrieves from; not where that group fails the task, whose scores
+    mean nothing) and, where runs recorded it, mqar_key_position.png (accuracy against where the
+    query's key stands); one panel per width. ``plan``: as ``chosen_runs``."""
     rows = mqar_rows(rows)
-    chosen = {k: v for k, v in chosen_runs(rows).items() if k[0] == _main_task(rows)}
+    if not rows:
+        return []
+    chosen = {k: v for k, v in chosen_runs(rows, plan).items() if k[0] == _main_task(rows)}
     if not chosen:
         return []
     accuracy = {k: setting_accuracy(v) for k, v in chosen.items()}
@@ -96,7 +107,8 @@ def mqar_figures(rows: list[dict], out: Path) -> list[Path]:
                                      out / name, log2=True))
     evaluated = {k: v[0]["by_distance"] for k, v in chosen.items() if isinstance(v[0].get("by_distance"), dict)
                  and {"near", "far"} <= set(v[0]["by_distance"])}
-    planes = {k: (_plane_point(g["near"]), _plane_point(g["far"])) for k, g in evaluated.items()}
+    planes = {k: (_plane_point(g["near"]), _plane_point(g["far"])) for k, g in evaluated.items()
+              if "failed" not in (g["near"].get("mechanism"), g["far"].get("mechanism"))}
     planes = {k: v for k, v in planes.items() if None not in v}
     if planes:
         fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths) + 1.8, 4.2), squeeze=False)
@@ -180,11 +192,12 @@ def _main_task(rows: list[dict]) -> str:
     return max(sorted(set(tasks)), key=tasks.count)
 
 
-def mqar_table(rows: list[dict]) -> str:
+def mqar_table(rows: list[dict], plan: dict | None = None) -> str:
     """Markdown: per task, architecture and width (the chosen rate), test accuracy, accuracy in
-    each setting, and the mechanism overall and for near and far queries."""
+    each setting, and the mechanism overall and for near and far queries. ``plan``: as
+    ``chosen_runs``."""
     rows = mqar_rows(rows)
-    chosen = chosen_runs(rows)
+    chosen = chosen_runs(rows, plan)
     if not chosen:
         return ""
     settings = sorted(set().union(*(setting_accuracy(v).keys() for v in chosen.values())))
@@ -196,17 +209,22 @@ def mqar_table(rows: list[dict]) -> str:
         cells = [task, label, str(width), f"{runs[0].get('learning_rate') or 0:g}",
                  f"{100 * _mean([r['test_accuracy'] for r in runs]):.1f}"]
         cells += [f"{100 * acc[s]:.1f}" if s in acc else "" for s in settings]
-        cells.append(_label(runs[0]))
-        cells += [_label(by[g]) if g in by else "n/a" for g in ("near", "far")]
+        if runs[0].get("failed"):                   # no grid runs on a failed run
+            cells += [f"the run failed: {runs[0]['failed']}", "—", "—"]
+        elif not runs[0].get("mechanism"):
+            cells += ["grid not run yet", "—", "—"]
+        else:
+            cells.append(_label(runs[0]))
+            cells += [_label(by[g]) if g in by else "n/a" for g in ("near", "far")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def key_position_table(rows: list[dict]) -> str:
+def key_position_table(rows: list[dict], plan: dict | None = None) -> str:
     """Markdown: per task, architecture and width (the chosen rate), the share of test queries
     answered right by where their key stands (``test_by_key_position``: keys at 0-15, 16-31,
-    32-63, ...), for the runs that recorded it."""
-    chosen = {k: (v[0], key_position_accuracy(v)) for k, v in chosen_runs(mqar_rows(rows)).items()}
+    32-63, ...), for the runs that recorded it. ``plan``: as ``chosen_runs``."""
+    chosen = {k: (v[0], key_position_accuracy(v)) for k, v in chosen_runs(mqar_rows(rows), plan).items()}
     chosen = {k: v for k, v in chosen.items() if v[1]}
     if not chosen:
         return ""
@@ -228,12 +246,15 @@ def _label(entry: dict) -> str:
             f"{format_score(entry.get('@query'))})")
 
 
-def zoology_table(rows: list[dict], published: dict) -> str:
+def zoology_table(rows: list[dict], published: dict, plan: dict | None = None) -> str:
     """Markdown: our test accuracy on Zoology's Figure 2 settings beside the figure's, per setting,
     width and architecture (``published``: zoology.yaml's ``figure2``); rows of other tasks or
-    architectures are left out."""
-    chosen = chosen_runs(mqar_rows(rows))
-    lines = ["| setting | width | model | Zoology (Figure 2) | ours | ours, lr |", "|---|---|---|---|---|---|"]
+    architectures are left out. The two columns are different statistics, and the header says
+    so: theirs the best of four rates chosen on the test documents, read off the figure; ours at
+    the better of the sweep's rates on validation documents. ``plan``: as ``chosen_runs``."""
+    chosen = chosen_runs(mqar_rows(rows), plan)
+    lines = ["| setting | width | model | Zoology, Figure 2 (best of 4 rates on test; read off the figure, ±3) "
+             "| ours (test, at the rate best on validation) | ours, lr |", "|---|---|---|---|---|---|"]
     count = 0
     for task, by_width in published.items():
         for width, models in by_width.items():

@@ -214,7 +214,10 @@ def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def figures(rows: list[dict], out: Path) -> list[Path]:
+def figures(rows: list[dict], out: Path, mqar_plan: dict | None = None) -> list[Path]:
+    """A sweep's figures (accuracy, the mechanism planes, restoration by layer, the short
+    convolutions, MQAR's); ``mqar_plan``: the MQAR sweep's plan, where its figures are to show only
+    the cells whose planned runs have all finished (``mqar.chosen_runs``)."""
     made = []
     # accuracy: against width where widths vary, else one bar per run
     widths = sorted({r["hidden_size"] for r in rows})
@@ -310,7 +313,7 @@ def figures(rows: list[dict], out: Path) -> list[Path]:
         ax.set_ylabel("test accuracy (%)")
         ax.legend(fontsize=8)
         made.append(save_figure(fig, out / "conv_kernel.png"))
-    return made + mqar_figures(rows, out)
+    return made + mqar_figures(rows, out, mqar_plan)
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-mecheval report",

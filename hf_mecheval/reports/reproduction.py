@@ -28,7 +28,7 @@ from ..experiments import read_experiment
 from .mqar import key_position_table, mqar_table, zoology_table
 from .paper_grid import GRID_SWEEPS, grid_figures, grid_tables
 from .reference_figures import reference_figures
-from .reference_setting import SWEEPS as REFERENCE_SWEEPS, reference_tables
+from .reference_setting import SWEEPS as REFERENCE_SWEEPS, args_label, planned_runs, reference_tables
 from .report import figures
 from ..runs.files import RESULT_ROWS
 
@@ -192,13 +192,26 @@ def mqar_tables(results: dict[str, list[dict]]) -> dict[str, str]:
     accuracies with the same per-run table for their mechanisms."""
     tables = {}
     if results.get("cpu_mqar"):
-        tables["mqar"] = mqar_table(results["cpu_mqar"])
-        tables["mqar_key_position"] = key_position_table(results["cpu_mqar"])
+        plan = mqar_plan("cpu_mqar")
+        tables["mqar"] = mqar_table(results["cpu_mqar"], plan)
+        tables["mqar_key_position"] = key_position_table(results["cpu_mqar"], plan)
     if results.get("cpu_mqar_zoology"):
-        rows = results["cpu_mqar_zoology"]
-        tables["mqar_zoology"] = zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"])
-        tables["mqar_zoology_mechanism"] = mqar_table(rows)
+        rows, plan = results["cpu_mqar_zoology"], mqar_plan("cpu_mqar_zoology")
+        tables["mqar_zoology"] = zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"], plan)
+        tables["mqar_zoology_mechanism"] = mqar_table(rows, plan)
     return {name: table for name, table in tables.items() if table}
+
+
+# the packaged sweep file behind each MQAR results folder
+MQAR_SWEEPS = {"cpu_mqar": "cpu/mqar", "cpu_mqar_zoology": "cpu/mqar_zoology"}
+
+
+def mqar_plan(sweep: str) -> dict | None:
+    """(task, label, width) -> the (learning rate, seed) runs the MQAR sweep ``sweep`` plans; None
+    for any other folder."""
+    if sweep not in MQAR_SWEEPS:
+        return None
+    return planned_runs((MQAR_SWEEPS[sweep],), lambda a: (a["task"], args_label(a), a.get("hidden_size", 64)))
 
 
 # ---------------------------------------------------------------------------------- outputs
@@ -208,7 +221,7 @@ def write_results_report(results_dir: str | Path) -> dict:
     results = load_results(results_dir)
     made = []
     for sweep, rows in results.items():
-        made += [str(p) for p in figures(rows, results_dir / sweep)]
+        made += [str(p) for p in figures(rows, results_dir / sweep, mqar_plan(sweep))]
     if results.get("cpu_ar"):
         figure = inner_sites_figure(results["cpu_ar"], results_dir / "cpu_ar" / "mamba_inner_sites.png")
         made += [str(figure)] if figure else []

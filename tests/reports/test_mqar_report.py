@@ -109,3 +109,34 @@ def test_key_position_table_averages_the_chosen_rates_seeds_and_skips_runs_witho
     # and the figure of it, beside the other three; none where no run recorded it
     assert [p.name for p in mqar_figures(rows, tmp_path)][-1] == "mqar_key_position.png"
     assert "mqar_key_position.png" not in [p.name for p in mqar_figures(ROWS, tmp_path / "none")]
+
+
+def test_a_cell_part_way_through_its_planned_rates_is_not_shown(tmp_path):
+    # the sweep plans Mamba at width 64 at 1e-2 and 3e-3: until 3e-3 has run, 1e-2 is only the best so far
+    plan = {("mqar_cpu", "transformer", 64): {(1e-3, 0), (1e-3, 1), (3e-4, 0)},
+            ("mqar_cpu", "mamba", 64): {(1e-2, 0), (3e-3, 0)}}
+    chosen = chosen_runs(ROWS, plan)
+    assert ("mqar_cpu", "transformer", 64) in chosen and ("mqar_cpu", "mamba", 64) not in chosen
+    assert ("mqar_cpu", "mamba", 128) in chosen             # nothing planned for it: shown as it stands
+    assert "| mqar_cpu | mamba | 64 |" not in mqar_table(ROWS, plan)
+    assert "| mqar_cpu | mamba | 64 |" in mqar_table(ROWS)  # a sweep's own report shows every cell
+    # so do the figures: with the Transformer's 3e-4 not run, its near and far queries are not drawn
+    partial = [r for r in ROWS if not (r["label"] == "transformer" and r["learning_rate"] == 3e-4)]
+    assert "mqar_near_far.png" not in [p.name for p in mqar_figures(partial, tmp_path, plan)]
+    assert "mqar_near_far.png" in [p.name for p in mqar_figures(partial, tmp_path)]
+
+
+def test_a_failed_run_and_a_run_whose_grid_has_not_run_say_so():
+    rows = [row("h3", 64, 1e-3, 0, 0.0, {k: 0.0 for k in GRID}, failed="it diverged: its weights hold NaN"),
+            row("mamba", 64, 1e-2, 0, 0.2, {k: 0.1 for k in GRID})]
+    lines = mqar_table(rows).splitlines()
+    assert lines[2].endswith("| the run failed: it diverged: its weights hold NaN | — | — |")
+    assert lines[3].endswith("| grid not run yet | — | — |")
+
+
+def test_the_near_far_plane_leaves_out_a_group_that_fails_the_task(tmp_path):
+    # a model that fails still restores at the query on the few queries it answers: no mechanism point
+    failing = {"near": {"mechanism": "failed", "@key": 0.01, "@value": 0.01, "@query": 1.04},
+               "far": {"mechanism": "failed", "@key": 0.0, "@value": 0.02, "@query": 0.9}}
+    rows = [dict(ROWS[0], by_distance=failing)] + ROWS[1:]
+    assert "mqar_near_far.png" not in [p.name for p in mqar_figures(rows, tmp_path)]
