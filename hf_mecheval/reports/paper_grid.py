@@ -21,11 +21,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..training.sweep import Sweep
 from ..runs.files import run_cost, run_seconds
 from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
                                 REFERENCE_RECIPE, Plan, Selection, _order, _table, _width, args_label,
-                                finished, measured, planned_runs, recipe)
+                                finished, measured, planned_runs, recipe, sweep_run_args)
 
 GRID_SWEEPS = ("ref_width_ar", "ref_width_ablations", "ref_depth", "ref_atr_languages", "ref_ar_beyond")
 # the packaged sweep file of each block (what is planned there: a verdict waits for all of it)
@@ -339,7 +338,7 @@ def compute_table(results: dict[str, list[dict]]) -> str:
     lines = []
     for block, sweeps in BLOCKS.items():
         rows = [r for s in sweeps for r in results.get(s, [])]
-        planned_runs = sum(len(Sweep.load(SWEEP_FILES[s]).runs) for s in sweeps)
+        planned_runs = sum(len(sweep_run_args(SWEEP_FILES[s])) for s in sweeps)
         cpu = sum(run_seconds(r, "train_cpu_seconds") or 0 for r in rows) / 3600
         wall = sum(run_seconds(r, "train_wall_seconds") or 0 for r in rows) / 3600
         lines.append([block, f"{len(rows)} of {planned_runs}", f"{cpu:.1f}", f"{wall:.1f}"])
