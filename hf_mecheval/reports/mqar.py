@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..runs.files import format_score  # noqa: E402
-from ..training.sweep import best_learning_rate  # noqa: E402
+from ..training.sweep import best_learning_rate, has_every_planned_run  # noqa: E402
 from .plots import save_figure  # noqa: E402
 
 
@@ -45,8 +45,8 @@ def chosen_runs(rows: list[dict], plan: dict | None = None) -> dict[tuple[str, s
         key = (r["task"], r["label"], r["hidden_size"])
         by_rate.setdefault(key, {}).setdefault(r.get("learning_rate") or 0.0, []).append(r)
     if plan is not None:
-        by_rate = {key: rates for key, rates in by_rate.items() if plan.get(key, set()) <= {
-            (lr, r.get("seed") or 0) for lr, runs in rates.items() for r in runs}}
+        by_rate = {key: rates for key, rates in by_rate.items()
+                   if has_every_planned_run(plan.get(key, set()), [r for runs in rates.values() for r in runs])}
     return {key: by_rate[key][best_learning_rate(by_rate[key])] for key in sorted(by_rate)}
 
 

@@ -456,7 +456,11 @@ def accuracy_width_figure(sel: dict[tuple, Selection], path: Path) -> Path:
 def _finished_cells(rows: list[dict]) -> dict[tuple, Selection]:
     """The (label, width) cells of ``rows`` that have run at every learning rate and seed planned
     for them: a cell part-way through would draw its best-so-far rate as its best."""
-    sel, plan = by_width(rows), planned_by_width()
+    return _complete(by_width(rows), planned_by_width())
+
+
+def _complete(sel: dict[tuple, Selection], plan: Plan) -> dict[tuple, Selection]:
+    """The cells of ``sel`` every run ``plan`` plans for which has finished."""
     return {key: s for key, s in sel.items() if finished(sel, key, plan)}
 
 
@@ -549,8 +553,7 @@ def layers_figure(rows: list[dict], path: Path) -> Path:
 
     from .plots import save_figure
 
-    cells_so_far, plan = by_layers(rows), _depth_plan()
-    sel = {k: s for k, s in cells_so_far.items() if finished(cells_so_far, k, plan)}     # none part-way through
+    sel = _complete(by_layers(rows), _depth_plan())          # no cell part-way through
     labels = sorted({label for label, _ in sel}, key=_order)
     depths = sorted({n for _, n in sel})
     fig, axes = plt.subplots(len(labels), len(depths), figsize=(3.6 * len(depths), 2.4 * len(labels)),

@@ -20,7 +20,7 @@ import math
 from typing import Any, Iterable
 
 from ..experiments import read_experiment
-from ..training.sweep import Sweep, best_learning_rate, mean_validation_accuracy, sweep_file
+from ..training.sweep import Sweep, best_learning_rate, has_every_planned_run, mean_validation_accuracy, sweep_file
 from ..runs.files import run_seconds
 from .report import model_label
 
@@ -95,7 +95,7 @@ def finished(sel: dict[Any, "Selection"], key, plan: Plan) -> bool:
     """Whether ``key`` has a run at every learning rate and seed planned for it (and one at least):
     a claim is judged once its models' best rates are known on every seed planned, and reads "not
     run yet" before, never judged on a first seed alone."""
-    return key in sel and plan.get(key, set()) <= {(r["learning_rate"], r.get("seed") or 0) for r in sel[key].rows}
+    return key in sel and has_every_planned_run(plan.get(key, set()), sel[key].rows)
 
 
 def recipe(row: dict) -> str:

@@ -377,6 +377,12 @@ def best_learning_rate(by_lr: dict[float, list[dict]]) -> float:
     return max(by_lr, key=lambda lr: (mean_validation_accuracy(by_lr[lr]), -(lr or 0)))
 
 
+def has_every_planned_run(planned: set[tuple[float, int]], rows: list[dict]) -> bool:
+    """Whether ``rows`` (the runs of one configuration) hold every (learning rate, seed) in
+    ``planned``: until they do, the best rate among them is only the best so far."""
+    return planned <= {(r.get("learning_rate") or 0.0, r.get("seed") or 0) for r in rows}
+
+
 def results_table(rows: list[dict], grid_fields: list[str]) -> list[dict]:
     """Best learning rate per configuration by mean validation accuracy; test accuracy there."""
     config_fields = [f for f in grid_fields if f not in SELECTION_FIELDS]
