@@ -22,9 +22,11 @@ import math
 from pathlib import Path
 
 from ..runs.files import run_cost, run_seconds
-from .reference_setting import (CELL_HEAD, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
-                                REFERENCE_RECIPE, Plan, Selection, _order, _table, _width, args_label,
-                                finished, measured, planned_runs, recipe, sweep_run_args)
+from .reference_setting import (CELL_HEAD, FAILS, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
+                                REFERENCE_RECIPE, Plan, Selection, _order, _table, _width, accuracy_text,
+                                ar_claims, args_label, atr_induction_claim, claim_states, finished,
+                                measured, mechanisms, planned_runs, recipe, restoration, sweep_run_args,
+                                verdict_of)
 
 GRID_SWEEPS = ("ref_width_ar", "ref_width_ablations", "ref_depth", "ref_atr_languages", "ref_ar_beyond")
 # the packaged sweep file of each block (what is planned there: a verdict waits for all of it)
@@ -177,92 +179,12 @@ def _by_layer(sel: Selection) -> str:
 
 
 # ---------------------------------------------------------------------------------- verdicts
-SOLVES, FAILS, MAMBA_SOLVES = 0.95, 0.5, 0.8
-
-
-def _scores(sel: Selection) -> dict:
-    out = {}
-    for p in ("key", "value", "query"):
-        values = [r.get(f"@{p}") for r in sel.best]
-        out[p] = None if None in values or not values else sum(values) / len(values)
-    return out
-
-
-def _mech(sel: Selection) -> str:
-    return ", ".join(sorted({r.get("mechanism") or "n/a" for r in sel.best}))
-
-
-def _acc(sel: Selection) -> str:
-    return f"{100 * sel.accuracy():.1f} %"
-
-
-def _mamba_direct(sel: Selection) -> bool:
-    s = _scores(sel)
-    return sel.accuracy() >= FAILS and None not in s.values() and s["value"] <= 0.3 and s["key"] + s["query"] >= 0.5
-
-
-def ar_claims(at: dict[str, Selection], state) -> list[dict]:
-    """The paper's AR claims on ``at`` (label -> Selection) at one width. ``state(label)``: "done"
-    where a label's every planned rate and seed has finished, "not planned" where no run of it is
-    planned at this width, else "not run yet"; a claim about the mechanism also waits for the
-    grids of the chosen rate's runs (``measured``)."""
-    out = []
-
-    def claim(text, paper, needed, holds, figures, mechanism=False):
-        states = {state(label) for label in needed}
-        if "not planned" in states:
-            verdict = "not planned"
-        elif states != {"done"} or (mechanism and not all(measured(at[label]) for label in needed)):
-            verdict = "not run yet"
-        else:
-            out.append({"claim": text, "paper": paper, "figures": figures(),
-                        "verdict": "**holds**" if holds() else "**does not hold**"})
-            return
-        out.append({"claim": text, "paper": paper, "figures": "—", "verdict": verdict})
-
-    strong, weak, mamba = ("transformer", "based"), ("hyena", "baseconv", "h3"), "mamba (conv 4)"
-    claim("Transformer and Based solve AR", "100 / 99 %", strong,
-          lambda: all(at[l].accuracy() >= SOLVES for l in strong), lambda: " / ".join(_acc(at[l]) for l in strong))
-    claim("Mamba (conv 4) solves AR", "91 %", (mamba,), lambda: at[mamba].accuracy() >= MAMBA_SOLVES,
-          lambda: _acc(at[mamba]))
-    claim("Hyena, BaseConv and H3 fail", "30 / 10 / 2 %", weak, lambda: all(at[l].accuracy() <= FAILS for l in weak),
-          lambda: " / ".join(_acc(at[l]) for l in weak))
-    claim("Transformer and Based use induction", "induction", strong,
-          lambda: all(_mech(at[l]) == "induction" for l in strong), lambda: " / ".join(_mech(at[l]) for l in strong),
-          mechanism=True)
-    claim("Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1", "@value ≈ 0, @key + @query ≈ 1", (mamba,),
-          lambda: _mamba_direct(at[mamba]),
-          lambda: "@key {key}, @value {value}, @query {query}".format(
-              **{p: "n/a" if v is None else f"{v:.2f}" for p, v in _scores(at[mamba]).items()}), mechanism=True)
-    claim("DeltaNet retrieves directly", "direct retrieval", ("deltanet",),
-          lambda: _mech(at["deltanet"]) in ("direct_query", "direct_key_query"),
-          lambda: f"{_acc(at['deltanet'])}, {_mech(at['deltanet'])}", mechanism=True)
-    conv = {k: f"mamba (conv {k})" for k in range(5)}
-    claim("Mamba with a short convolution of width 0 or 1 collapses (≤ 10 %)", "6 / 3 %", (conv[0], conv[1]),
-          lambda: all(at[conv[k]].accuracy() <= 0.1 for k in (0, 1)),
-          lambda: " / ".join(_acc(at[conv[k]]) for k in (0, 1)))
-
-    def narrow_works() -> bool:
-        low = max(at[conv[k]].accuracy() for k in (0, 1))
-        return all(at[conv[k]].accuracy() >= at[conv[4]].accuracy() - 0.1 and at[conv[k]].accuracy() >= low + 0.2
-                   for k in (2, 3))
-
-    claim("Mamba with width 2 or 3 does as well as with 4 (within 10 points) and far better than with 0 or 1 "
-          "(by ≥ 20 points)", "94 / 92 / 91 %", tuple(conv.values()), narrow_works,
-          lambda: " / ".join(_acc(at[conv[k]]) for k in (2, 3, 4)))
-    return out
-
-
 def _at_width(sel: dict[tuple, Selection], plan: Plan,
               width: int) -> tuple[dict[str, Selection], callable]:
     """``sel`` (``by_width``) at one width, by label, and each label's state there (``ar_claims``)."""
     at = {label: s for (label, d), s in sel.items() if d == width}
-
-    def state(label: str) -> str:
-        if finished(sel, (label, width), plan):
-            return "done"
-        return "not run yet" if (label, width) in plan or (label, width) in sel else "not planned"
-    return at, state
+    state = claim_states(sel, plan)
+    return at, lambda label: state((label, width))
 
 
 def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
@@ -273,36 +195,33 @@ def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
     out = [dict(v, claim=f"{v['claim']} (width {PAPER_WIDTH})") for v in ar_claims(at, state)]
     depth, depth_plan = by_layers(rows["depth"]), _depth_plan()
 
-    def judged(text, paper, keys, holds, figures, mechanism=False):
+    def depth_claim(text, paper, keys, holds, figures, mechanism=False):
         ok = all(finished(depth, k, depth_plan) and (not mechanism or measured(depth[k])) for k in keys)
         out.append({"claim": text, "paper": paper, "figures": figures() if ok else "—",
-                    "verdict": ("**holds**" if holds() else "**does not hold**") if ok else "not run yet"})
+                    "verdict": verdict_of(holds()) if ok else "not run yet"})
 
     m1, m2, t1 = ("mamba (conv 4)", 1), ("mamba (conv 4)", 2), ("transformer", 1)
-    judged("A 1-layer Mamba still solves AR (within 10 points of 2 layers; width 64)", "solves", (m1, m2),
+    depth_claim("A 1-layer Mamba still solves AR (within 10 points of 2 layers; width 64)", "solves", (m1, m2),
            lambda: depth[m1].accuracy() >= max(FAILS, depth[m2].accuracy() - 0.1),
-           lambda: f"1 layer {_acc(depth[m1])}, 2 layers {_acc(depth[m2])}")
-    judged("A 1-layer Transformer cannot solve AR (width 64)", "fails", (t1,), lambda: depth[t1].accuracy() <= FAILS,
-           lambda: _acc(depth[t1]))
+           lambda: f"1 layer {accuracy_text(depth[m1])}, 2 layers {accuracy_text(depth[m2])}")
+    depth_claim("A 1-layer Transformer cannot solve AR (width 64)", "fails", (t1,), lambda: depth[t1].accuracy() <= FAILS,
+           lambda: accuracy_text(depth[t1]))
     three = sorted({k[0] for k in depth_plan if k[1] == 3}, key=_order)      # the models planned with 3 layers
-    judged("With 3 layers the picture of 2 holds: each model solves or fails as with 2, by the same mechanism "
+    depth_claim("With 3 layers the picture of 2 holds: each model solves or fails as with 2, by the same mechanism "
            "(width 64)", "as with 2 layers", [(l, n) for l in three for n in (2, 3)] or [("transformer", 3)],
            lambda: all(_same_picture(depth[(l, 2)], depth[(l, 3)]) for l in three),
-           lambda: "; ".join(f"{l}: {_acc(depth[(l, 2)])} {_mech(depth[(l, 2)])} → {_acc(depth[(l, 3)])} "
-                             f"{_mech(depth[(l, 3)])}" for l in three), mechanism=True)
+           lambda: "; ".join(f"{l}: {accuracy_text(depth[(l, 2)])} {mechanisms(depth[(l, 2)])} → {accuracy_text(depth[(l, 3)])} "
+                             f"{mechanisms(depth[(l, 3)])}" for l in three), mechanism=True)
     t0 = ("transformer (no positions)", 2)
-    judged("The Transformer without position embeddings fails AR (width 64)", "fails", (t0,),
-           lambda: depth[t0].accuracy() <= FAILS, lambda: _acc(depth[t0]))
+    depth_claim("The Transformer without position embeddings fails AR (width 64)", "fails", (t0,),
+           lambda: depth[t0].accuracy() <= FAILS, lambda: accuracy_text(depth[t0]))
     atr = cells(rows["atr"], lambda r: (r["label"], r["task"]))
     atr_plan = planned(("ref_recipe_atr", "ref_atr_languages"), lambda a: (args_label(a), a["task"]))
     for task in TASK_ORDER:
         keys = [("transformer", task), ("mamba (conv 4)", task)]
-        ok = all(finished(atr, k, atr_plan) and measured(atr[k]) for k in keys)
-        out.append({"claim": f"{task}: the Transformer uses induction, Mamba (conv 4) does not (width 64)",
-                    "paper": "as on AR",
-                    "figures": f"{_mech(atr[keys[0]])} / {_mech(atr[keys[1]])}" if ok else "—",
-                    "verdict": ("**holds**" if _mech(atr[keys[0]]) == "induction" and "induction" not in
-                                _mech(atr[keys[1]]) else "**does not hold**") if ok else "not run yet"})
+        ready = all(finished(atr, k, atr_plan) and measured(atr[k]) for k in keys)
+        out.append(atr_induction_claim(f"{task}: the Transformer uses induction, Mamba (conv 4) does not (width 64)",
+                                       atr.get(keys[0]), atr.get(keys[1]), ready))
     return out
 
 
@@ -517,8 +436,8 @@ def restoration_width_figure(sel: dict[tuple, Selection], path: Path) -> Path:
     style = _styles(labels)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
     for ax, p in zip(axes, ("value", "query", "key")):
-        series = {label: [(d, _scores(s)[p]) for (l, d), s in sorted(sel.items(), key=lambda kv: kv[0][1])
-                          if l == label and _mech(s) != "failed" and _scores(s)[p] is not None]
+        series = {label: [(d, restoration(s)[p]) for (l, d), s in sorted(sel.items(), key=lambda kv: kv[0][1])
+                          if l == label and mechanisms(s) != "failed" and restoration(s)[p] is not None]
                   for label in labels}
         for label, pts in _dodge(series, close=0.05, step=0.12).items():
             if pts:
@@ -582,7 +501,7 @@ def layers_figure(rows: list[dict], path: Path) -> Path:
             ax.tick_params(labelleft=True)       # every panel its own scale: a row may hold one panel only
             ax.axhline(0, color="grey", lw=0.5)
             ax.set_ylim(-0.2, 1.2)
-            ax.set_title(f"{label}, {n} layer{'s' if n > 1 else ''} ({_acc(s)})", fontsize=8)
+            ax.set_title(f"{label}, {n} layer{'s' if n > 1 else ''} ({accuracy_text(s)})", fontsize=8)
     fig.supylabel("restoration at the layer's input (key corrupted)")
     # the title, then one legend for every panel under it (inside a panel it covered that panel's
     # lines), then the panels; in inches from the top, whatever the figure's height

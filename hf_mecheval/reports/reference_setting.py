@@ -261,8 +261,7 @@ def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
         def of(table_rows):
             return [r for r in table_rows if recipe(r) == name]
         atr = {t: selections(of(rows["atr"]), t) for t in ("atr_easy", "atr_gen")}
-        plans = {"ar": planned_runs((PLANNED[name]["ar"],)),
-                 "widths": planned_runs((PLANNED[name]["ar"], PLANNED[name]["ablations"])),
+        plans = {"widths": planned_runs((PLANNED[name]["ar"], PLANNED[name]["ablations"])),
                  "atr": planned_runs((PLANNED[name]["atr"],), lambda a: (args_label(a), a["task"]))}
         judged[name] = verdicts(selections(of(rows["ar"])), selections(of(widths)), atr, plans)
     tables["ref_verdicts"] = _table(
@@ -283,94 +282,135 @@ def _based_width(label: str) -> str:
     return "based (conv 3)" if label == "based" else label
 
 
-def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[str, dict[str, Selection]],
-             plans: dict[str, Plan]) -> list[dict]:
-    """The paper's claims at this setting, each with the figures and a verdict (or "not run yet"
-    while a model it reads has runs planned that have not finished, or, for a claim about the
-    mechanism, grids not yet run). ``plans``: "ar" and "widths" by label, "atr" by (label, task)."""
+# ---------------------------------------------------------------------------------- the paper's claims
+# A claim is judged on each model's runs at its chosen rate (``Selection.best``): the same tests at
+# width 64 here (the reference setting) and at every width in the paper's grid (``paper_grid``).
+SOLVES, FAILS, MAMBA_SOLVES, COLLAPSES = 0.95, 0.5, 0.8, 0.1
+
+
+def accuracy_text(sel: Selection) -> str:
+    return f"{100 * sel.accuracy():.1f} %"
+
+
+def mechanisms(sel: Selection) -> str:
+    """The label of every seed at the chosen rate (several when the seeds disagree)."""
+    return ", ".join(sorted({r.get("mechanism") or "n/a" for r in sel.best}))
+
+
+def restoration(sel: Selection) -> dict[str, float | None]:
+    """Restoration at the last layer's input, @key / @value / @query, mean over the seeds at the
+    chosen rate (None where a seed has no grid)."""
+    out = {}
+    for p in ("key", "value", "query"):
+        values = [r.get(f"@{p}") for r in sel.best]
+        out[p] = None if None in values or not values else sum(values) / len(values)
+    return out
+
+
+def retrieves_without_induction(sel: Selection) -> bool:
+    """Mamba's picture: it solves the task (a failed model's scores mean nothing), @value ≈ 0 and
+    @key + @query ≈ 1."""
+    s = restoration(sel)
+    return (sel.accuracy() >= FAILS and None not in s.values() and s["value"] <= 0.3
+            and s["key"] + s["query"] >= 0.5)
+
+
+def claim_states(sel: dict, plan: Plan):
+    """``state(key)`` for ``ar_claims``: "done" where ``key`` has every planned rate and seed
+    (``finished``), "not planned" where nothing of it is planned or present, else "not run yet"."""
+    def state(key) -> str:
+        if finished(sel, key, plan):
+            return "done"
+        return "not run yet" if key in plan or key in sel else "not planned"
+    return state
+
+
+def ar_claims(at: dict[str, Selection], state) -> list[dict]:
+    """The paper's AR claims on ``at`` (label -> Selection: the 2-layer models and Mamba's
+    short-convolution widths, "mamba (conv k)") at one width. ``state(label)`` (``claim_states``):
+    a claim is judged once every label it reads is "done", reads "not planned" where one of them is
+    not planned at this width, else "not run yet"; a claim about the mechanism also waits for the
+    grids of the chosen rate's runs (``measured``)."""
     out = []
 
-    def claim(text, paper, needed, holds, figures):
-        if not all(needed):
-            out.append({"claim": text, "paper": paper, "figures": "—", "verdict": "not run yet"})
+    def claim(text, paper, needed, holds, figures, mechanism=False):
+        states = {state(label) for label in needed}
+        if "not planned" in states:
+            verdict = "not planned"
+        elif states != {"done"} or (mechanism and not all(measured(at[label]) for label in needed)):
+            verdict = "not run yet"
         else:
-            out.append({"claim": text, "paper": paper, "figures": figures(), "verdict":
-                        "**holds**" if holds() else "**does not hold**"})
+            out.append({"claim": text, "paper": paper, "figures": figures(), "verdict": verdict_of(holds())})
+            return
+        out.append({"claim": text, "paper": paper, "figures": "—", "verdict": verdict})
 
-    def done(label: str, mechanism: bool = False) -> bool:
-        return finished(ar, label, plans["ar"]) and (not mechanism or measured(ar[label]))
-
-    def width_done(label: str) -> bool:
-        return finished(widths, label, plans["widths"])
-
-    def atr_done(task: str, label: str) -> bool:
-        cells = atr.get(task, {})
-        plan = {k[0]: runs for k, runs in plans["atr"].items() if k[1] == task}
-        return finished(cells, label, plan) and measured(cells[label])
-
-    def acc(sel: dict, label: str) -> str:
-        return f"{100 * sel[label].accuracy():.1f} %"
-
-    def mech(sel: dict, label: str) -> str:
-        """The label of every seed at the best learning rate (several when the seeds disagree)."""
-        return ", ".join(sorted({r.get("mechanism") or "n/a" for r in sel[label].best}))
-
-    def scores(sel: dict, label: str) -> dict:
-        """Restoration at the last layer's input, mean over the seeds at the best learning rate."""
-        out = {}
-        for p in ("key", "value", "query"):
-            values = [r.get(f"@{p}") for r in sel[label].best]
-            out[p] = None if None in values else sum(values) / len(values)
-        return out
-
-    strong = ("transformer", "based")
-    claim("Transformer and Based solve AR", "100 / 99 %", [done(l) for l in strong],
-          lambda: all(ar[l].accuracy() >= 0.95 for l in strong),
-          lambda: " / ".join(acc(ar, l) for l in strong))
-    claim("Mamba (conv 4) solves AR", "91 %", [done("mamba (conv 4)")],
-          lambda: ar["mamba (conv 4)"].accuracy() >= 0.8, lambda: acc(ar, "mamba (conv 4)"))
-    weak = ("hyena", "baseconv", "h3")
-    claim("Hyena, BaseConv and H3 fail", "30 / 10 / 2 %", [done(l) for l in weak],
-          lambda: all(ar[l].accuracy() <= 0.5 for l in weak), lambda: " / ".join(acc(ar, l) for l in weak))
-    claim("Transformer and Based use induction (@value ≈ 1, @query ≈ 0)", "induction", [done(l, True) for l in strong],
-          lambda: all(mech(ar, l) == "induction" for l in strong),
-          lambda: " / ".join(mech(ar, l) for l in strong))
-
-    def mamba_direct(sel, label):
-        """Scores of a model that solves the task (a failed model's scores mean nothing)."""
-        s = scores(sel, label)
-        return (sel[label].accuracy() >= 0.5 and None not in s.values() and s["value"] <= 0.3
-                and s["key"] + s["query"] >= 0.5)
-
-    claim("Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1", "@value ≈ 0, @key + @query ≈ 1",
-          [done("mamba (conv 4)", True)], lambda: mamba_direct(ar, "mamba (conv 4)"),
+    acc = lambda label: accuracy_text(at[label])
+    strong, weak, mamba = ("transformer", "based"), ("hyena", "baseconv", "h3"), "mamba (conv 4)"
+    claim("Transformer and Based solve AR", "100 / 99 %", strong,
+          lambda: all(at[l].accuracy() >= SOLVES for l in strong), lambda: " / ".join(map(acc, strong)))
+    claim("Mamba (conv 4) solves AR", "91 %", (mamba,), lambda: at[mamba].accuracy() >= MAMBA_SOLVES,
+          lambda: acc(mamba))
+    claim("Hyena, BaseConv and H3 fail", "30 / 10 / 2 %", weak, lambda: all(at[l].accuracy() <= FAILS for l in weak),
+          lambda: " / ".join(map(acc, weak)))
+    claim("Transformer and Based use induction: @value ≈ 1, @query ≈ 0", "induction", strong,
+          lambda: all(mechanisms(at[l]) == "induction" for l in strong),
+          lambda: " / ".join(mechanisms(at[l]) for l in strong), mechanism=True)
+    claim("Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1", "@value ≈ 0, @key + @query ≈ 1", (mamba,),
+          lambda: retrieves_without_induction(at[mamba]),
           lambda: "@key {key}, @value {value}, @query {query}".format(
-              **{p: "n/a" if v is None else f"{v:.2f}" for p, v in scores(ar, "mamba (conv 4)").items()}))
-    claim("DeltaNet retrieves directly, like the other SSMs", "direct retrieval", [done("deltanet", True)],
-          lambda: mech(ar, "deltanet") in ("direct_query", "direct_key_query"),
-          lambda: f"{acc(ar, 'deltanet')}, {mech(ar, 'deltanet')}")
+              **{p: "n/a" if v is None else f"{v:.2f}" for p, v in restoration(at[mamba]).items()}), mechanism=True)
+    claim("DeltaNet retrieves directly, like the other SSMs", "direct retrieval", ("deltanet",),
+          lambda: mechanisms(at["deltanet"]) in ("direct_query", "direct_key_query"),
+          lambda: f"{acc('deltanet')}, {mechanisms(at['deltanet'])}", mechanism=True)
     # The width ablation as two claims: how low widths 0-1 fall, and whether 2-3 do as well as the
     # default 4. Whether conv 4 itself reaches the paper's level is the "solves AR" claim above.
     conv = {k: f"mamba (conv {k})" for k in range(5)}
-    claim("Mamba with a short convolution of width 0 or 1 collapses (≤ 10 %)", "6 / 3 %",
-          [width_done(conv[k]) for k in (0, 1)],
-          lambda: all(widths[conv[k]].accuracy() <= 0.1 for k in (0, 1)),
-          lambda: " / ".join(acc(widths, conv[k]) for k in (0, 1)))
+    claim("Mamba with a short convolution of width 0 or 1 collapses (≤ 10 %)", "6 / 3 %", (conv[0], conv[1]),
+          lambda: all(at[conv[k]].accuracy() <= COLLAPSES for k in (0, 1)),
+          lambda: " / ".join(acc(conv[k]) for k in (0, 1)))
 
     def narrow_works() -> bool:
-        low = max(widths[conv[k]].accuracy() for k in (0, 1))
-        return all(widths[conv[k]].accuracy() >= widths[conv[4]].accuracy() - 0.1
-                   and widths[conv[k]].accuracy() >= low + 0.2 for k in (2, 3))
+        low = max(at[conv[k]].accuracy() for k in (0, 1))
+        return all(at[conv[k]].accuracy() >= at[conv[4]].accuracy() - 0.1 and at[conv[k]].accuracy() >= low + 0.2
+                   for k in (2, 3))
 
-    claim("Mamba with width 2 or 3 does as well as with 4 (within 10 points) and far better than with "
-          "0 or 1 (by ≥ 20 points)", "94 / 92 / 91 %", [width_done(conv[k]) for k in range(5)], narrow_works,
-          lambda: " / ".join(acc(widths, conv[k]) for k in (2, 3, 4)))
+    claim("Mamba with width 2 or 3 does as well as with 4 (within 10 points) and far better than with 0 or 1 "
+          "(by ≥ 20 points)", "94 / 92 / 91 %", tuple(conv.values()), narrow_works,
+          lambda: " / ".join(acc(conv[k]) for k in (2, 3, 4)))
+    return out
+
+
+def atr_induction_claim(text: str, transformer: Selection | None, mamba: Selection | None, ready: bool) -> dict:
+    """"The Transformer uses induction, Mamba (conv 4) does not" on one ATR language: judged once
+    both are ``ready``; Mamba fails the claim if any of its seeds uses induction."""
+    if not ready:
+        return {"claim": text, "paper": "as on AR", "figures": "—", "verdict": "not run yet"}
+    holds = mechanisms(transformer) == "induction" and "induction" not in mechanisms(mamba)
+    return {"claim": text, "paper": "as on AR", "figures": f"{mechanisms(transformer)} / {mechanisms(mamba)}",
+            "verdict": verdict_of(holds)}
+
+
+def verdict_of(holds: bool) -> str:
+    return "**holds**" if holds else "**does not hold**"
+
+
+def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[str, dict[str, Selection]],
+             plans: dict[str, Plan]) -> list[dict]:
+    """The paper's claims at this setting (``ar_claims``, then ATR's), each with the figures and a
+    verdict, or "not run yet" while a model it reads has runs planned that have not finished (or,
+    for a claim about the mechanism, grids not yet run). ``plans``: "widths" (AR and the
+    ablations) by label, "atr" by (label, task); ``widths`` holds Mamba's and Based's AR rows and
+    the ablations', so Mamba (conv 4) is the same selection in both."""
+    at = {**ar, **widths}
+    out = ar_claims(at, claim_states(at, plans["widths"]))
     easy = atr.get("atr_easy", {})
-    claim("ATR: the Transformer uses induction, Mamba (conv 4) does not", "as on AR",
-          [atr_done("atr_easy", "transformer"), atr_done("atr_easy", "mamba (conv 4)")],
-          lambda: mech(easy, "transformer") == "induction" and mech(easy, "mamba (conv 4)") != "induction",
-          lambda: f"{mech(easy, 'transformer')} / {mech(easy, 'mamba (conv 4)')}")
-    claim("ATR: Mamba without its short convolution learns the task by induction", "induction",
-          [atr_done("atr_easy", "mamba (conv 0)")], lambda: mech(easy, "mamba (conv 0)") == "induction",
-          lambda: f"{acc(easy, 'mamba (conv 0)')}, {mech(easy, 'mamba (conv 0)')}")
+    easy_plan = {k[0]: runs for k, runs in plans["atr"].items() if k[1] == "atr_easy"}
+    ready = lambda label: finished(easy, label, easy_plan) and measured(easy[label])
+    out.append(atr_induction_claim("ATR: the Transformer uses induction, Mamba (conv 4) does not",
+                                   easy.get("transformer"), easy.get("mamba (conv 4)"),
+                                   ready("transformer") and ready("mamba (conv 4)")))
+    conv0 = "mamba (conv 0)"
+    out.append({"claim": "ATR: Mamba without its short convolution learns the task by induction", "paper": "induction",
+                "figures": f"{accuracy_text(easy[conv0])}, {mechanisms(easy[conv0])}" if ready(conv0) else "—",
+                "verdict": verdict_of(mechanisms(easy[conv0]) == "induction") if ready(conv0) else "not run yet"})
     return out

@@ -74,7 +74,7 @@ def test_verdicts_are_given_at_the_papers_width_and_at_every_width(results):
     verdicts = {v["claim"]: v for v in grid_verdicts(grid_rows(results))}
     assert verdicts["Mamba (conv 4) solves AR (width 256)"]["verdict"] == "**holds**"
     assert verdicts["Hyena, BaseConv and H3 fail (width 256)"]["verdict"] == "**holds**"
-    assert verdicts["Transformer and Based use induction (width 256)"]["verdict"] == "**holds**"
+    assert verdicts["Transformer and Based use induction: @value ≈ 1, @query ≈ 0 (width 256)"]["verdict"] == "**holds**"
     # the ablations at 256 have no runs yet: not judged
     assert verdicts["Mamba with a short convolution of width 0 or 1 collapses (≤ 10 %) (width 256)"]["verdict"] \
         == "not run yet"
@@ -85,7 +85,7 @@ def test_verdicts_are_given_at_the_papers_width_and_at_every_width(results):
     by_width = claims_by_width(grid_rows(results)["ar"])
     assert by_width["Mamba (conv 4) solves AR"] == ["holds"] * 5
     # DeltaNet runs at 128 and 256 only (and 64): at 16 and 32 it never will
-    assert by_width["DeltaNet retrieves directly"] == ["not planned"] * 2 + ["holds"] * 3
+    assert by_width["DeltaNet retrieves directly, like the other SSMs"] == ["not planned"] * 2 + ["holds"] * 3
 
 
 def test_a_mechanism_claim_waits_for_the_grids_and_a_failed_run_needs_none(results):
@@ -96,14 +96,14 @@ def test_a_mechanism_claim_waits_for_the_grids_and_a_failed_run_needs_none(resul
             for k in grid:
                 r.pop(k, None)
     verdicts = {v["claim"]: v["verdict"] for v in grid_verdicts(grid_rows(results))}
-    assert verdicts["Transformer and Based use induction (width 256)"] == "not run yet"
+    assert verdicts["Transformer and Based use induction: @value ≈ 1, @query ≈ 0 (width 256)"] == "not run yet"
     assert verdicts["Transformer and Based solve AR (width 256)"] == "**holds**"          # accuracy alone
     # a run that failed (diverged) has no grid and never will: the claim is judged without one
     for r in results["ref_width_ar"]:
         if r["label"] == "transformer" and r["hidden_size"] == 256:
             r.update(failed="it diverged", test_accuracy=0.0, validation_accuracy=0.0)
     verdicts = {v["claim"]: v["verdict"] for v in grid_verdicts(grid_rows(results))}
-    assert verdicts["Transformer and Based use induction (width 256)"] == "**does not hold**"
+    assert verdicts["Transformer and Based use induction: @value ≈ 1, @query ≈ 0 (width 256)"] == "**does not hold**"
 
 
 def test_depth_claims_wait_for_the_two_layer_seeds_and_every_three_layer_model(results):

@@ -135,8 +135,8 @@ def test_reference_tables_pick_the_learning_rate_on_validation_and_give_verdicts
     assert verdict["Transformer and Based solve AR"].endswith("| 97.0 % / 99.0 % | **holds** |")
     assert verdict["Mamba (conv 4) solves AR"].endswith("| 85.0 % | **holds** |")
     assert verdict["Hyena, BaseConv and H3 fail"].endswith("**does not hold** |")              # H3 at 60 %
-    assert "direct_query" in verdict["Transformer and Based use induction (@value ≈ 1, @query ≈ 0)"]
-    assert verdict["Transformer and Based use induction (@value ≈ 1, @query ≈ 0)"].endswith("**does not hold** |")
+    assert "direct_query" in verdict["Transformer and Based use induction: @value ≈ 1, @query ≈ 0"]
+    assert verdict["Transformer and Based use induction: @value ≈ 1, @query ≈ 0"].endswith("**does not hold** |")
     assert verdict["Mamba: no induction, @value ≈ 0 and @key + @query ≈ 1"].endswith("**holds** |")
     assert verdict["DeltaNet retrieves directly, like the other SSMs"].endswith("| — | not run yet |")
     assert "ref_conv" not in tables and "ref_atr" not in tables
@@ -234,3 +234,26 @@ def test_reference_figures_are_written_for_the_rows_present(tmp_path):
     made = reference_figures({"ref_recipe_ar": ar, "ref_recipe_ablations": ablations, "ref_recipe_atr": atr}, tmp_path)
     assert {p.name for p in made} >= {"conv_width.png", "accuracy_atr_easy.png"}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in made)
+
+
+def test_one_set_of_claims_serves_the_reference_setting_and_the_grid():
+    from hf_mecheval.reports import paper_grid, reference_setting
+    from hf_mecheval.reports.reference_setting import Selection, atr_induction_claim, claim_states
+
+    assert paper_grid.ar_claims is reference_setting.ar_claims
+    # "Mamba does not use induction" fails if any seed at its chosen rate does
+    def sel(*mechanisms):
+        return Selection([{"learning_rate": 1e-3, "seed": s, "validation_accuracy": 0.9, "test_accuracy": 0.9,
+                           "mechanism": m} for s, m in enumerate(mechanisms)])
+    transformer = sel("induction")
+    assert atr_induction_claim("c", transformer, sel("direct_query", "direct_key_query"), True)["verdict"] \
+        == "**holds**"
+    assert atr_induction_claim("c", transformer, sel("direct_query", "induction"), True)["verdict"] \
+        == "**does not hold**"
+    assert atr_induction_claim("c", transformer, None, False) == {"claim": "c", "paper": "as on AR", "figures": "—",
+                                                                  "verdict": "not run yet"}
+    # a key is done with every planned (rate, seed), waiting while any is missing, not planned otherwise
+    state = claim_states({"a": sel("induction", "induction")}, {"a": {(1e-3, 0), (1e-3, 1)}, "b": {(1e-3, 0)}})
+    assert (state("a"), state("b"), state("c")) == ("done", "not run yet", "not planned")
+    state = claim_states({"a": sel("induction")}, {"a": {(1e-3, 0), (1e-3, 1)}})
+    assert state("a") == "not run yet"
