@@ -257,3 +257,32 @@ def test_one_set_of_claims_serves_the_reference_setting_and_the_grid():
     assert (state("a"), state("b"), state("c")) == ("done", "not run yet", "not planned")
     state = claim_states({"a": sel("induction")}, {"a": {(1e-3, 0), (1e-3, 1)}})
     assert state("a") == "not run yet"
+
+
+def test_the_reference_recipes_atr_claim_reads_the_transformer_the_grid_trains():
+    """Under the reference recipe the Transformer's ATR easy run belongs to the grid's ATR block
+    (ref_atr_languages); Part 1's ATR table and its claim read it there, where the claim would
+    otherwise wait for a run no sweep of Part 1 plans."""
+    reference = {"init_scheme": "reference", "max_grad_norm": 0.0}
+
+    def atr(label, arch, mechanism, task="atr_easy", **extra):
+        return {**row(label, arch, 0.9, 0, task=task, mechanism=mechanism, **reference, **extra),
+                "learning_rate": 1e-3, "test_head_accuracy": 0.9, "confidence": "high"}
+
+    mamba = [atr("mamba (conv 4)", "mamba", "direct_query", epochs=16.0),
+             atr("mamba (conv 0)", "mamba", "induction", epochs=32.0)]
+    languages = [atr("transformer", "transformer", "induction", epochs=32.0),
+                 atr("transformer", "transformer", "induction", task="atr_gen", epochs=32.0)]
+
+    def claim(results):
+        tables = claim_tables(results)
+        verdict = {line.split(" | ")[0].strip("| "): line.split(" | ")[2:4]
+                   for line in tables["ref_verdicts"].splitlines()[2:]}
+        return tables, verdict["ATR: the Transformer uses induction, Mamba (conv 4) does not"]
+
+    assert claim({"ref_recipe_atr": mamba})[1] == ["—", "not run yet"]
+    tables, verdict = claim({"ref_recipe_atr": mamba, "ref_atr_languages": languages})
+    assert verdict == ["induction / direct_query", "**holds**"]
+    # the table gains the Transformer's ATR easy row, not the grid's other languages
+    rows = [line.split(" | ")[:3] for line in tables["ref_atr"].splitlines()[2:]]
+    assert ["| atr_easy", "transformer", "reference"] in rows and all(r[0] != "| atr_gen" for r in rows)
