@@ -202,19 +202,24 @@ def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
 
     m1, m2, t1 = ("mamba (conv 4)", 1), ("mamba (conv 4)", 2), ("transformer", 1)
     depth_claim("A 1-layer Mamba still solves AR (within 10 points of 2 layers; width 64)", "solves", (m1, m2),
-           lambda: depth[m1].accuracy() >= max(FAILS, depth[m2].accuracy() - 0.1),
-           lambda: f"1 layer {accuracy_text(depth[m1])}, 2 layers {accuracy_text(depth[m2])}")
-    depth_claim("A 1-layer Transformer cannot solve AR (width 64)", "fails", (t1,), lambda: depth[t1].accuracy() <= FAILS,
-           lambda: accuracy_text(depth[t1]))
+                lambda: depth[m1].accuracy() >= max(FAILS, depth[m2].accuracy() - 0.1),
+                lambda: f"1 layer {accuracy_text(depth[m1])}, 2 layers {accuracy_text(depth[m2])}")
+    depth_claim("A 1-layer Transformer cannot solve AR (width 64)", "fails", (t1,),
+                lambda: depth[t1].accuracy() <= FAILS, lambda: accuracy_text(depth[t1]))
     three = sorted({k[0] for k in depth_plan if k[1] == 3}, key=_order)      # the models planned with 3 layers
+
+    def two_then_three(label: str) -> str:
+        two, three_layers = depth[(label, 2)], depth[(label, 3)]
+        return (f"{label}: {accuracy_text(two)} {mechanisms(two)} → "
+                f"{accuracy_text(three_layers)} {mechanisms(three_layers)}")
+
     depth_claim("With 3 layers the picture of 2 holds: each model solves or fails as with 2, by the same mechanism "
-           "(width 64)", "as with 2 layers", [(l, n) for l in three for n in (2, 3)] or [("transformer", 3)],
-           lambda: all(_same_picture(depth[(l, 2)], depth[(l, 3)]) for l in three),
-           lambda: "; ".join(f"{l}: {accuracy_text(depth[(l, 2)])} {mechanisms(depth[(l, 2)])} → {accuracy_text(depth[(l, 3)])} "
-                             f"{mechanisms(depth[(l, 3)])}" for l in three), mechanism=True)
+                "(width 64)", "as with 2 layers", [(l, n) for l in three for n in (2, 3)] or [("transformer", 3)],
+                lambda: all(_same_picture(depth[(l, 2)], depth[(l, 3)]) for l in three),
+                lambda: "; ".join(map(two_then_three, three)), mechanism=True)
     t0 = ("transformer (no positions)", 2)
     depth_claim("The Transformer without position embeddings fails AR (width 64)", "fails", (t0,),
-           lambda: depth[t0].accuracy() <= FAILS, lambda: accuracy_text(depth[t0]))
+                lambda: depth[t0].accuracy() <= FAILS, lambda: accuracy_text(depth[t0]))
     atr = cells(rows["atr"], lambda r: (r["label"], r["task"]))
     atr_plan = planned(("ref_recipe_atr", "ref_atr_languages"), lambda a: (args_label(a), a["task"]))
     for task in TASK_ORDER:
