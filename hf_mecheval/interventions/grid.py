@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from ..errors import MechEvalError
-from ..metrics.mechanism import classify
+from ..metrics.mechanism import classify, classify_by_layer
 from ..metrics.restoration import accuracy, near_far, summarize_restoration
 from ..tasks.corruption import corrupt
 from ..tasks.data import TaskData
@@ -189,10 +189,12 @@ def cell(result: dict, corruption: str, site: str, position: str) -> dict | None
 
 
 def mechanism_of(result: dict, n_layers: int):
-    """Classify from the key-corruption cells at the input of the last layer."""
+    """Classify from the key-corruption cells at the input of each layer (``classify_by_layer``:
+    the last layer's, or induction at an earlier one's)."""
     site = f"layers.{n_layers - 1}.input"
     if "key" not in result["corruptions"] or site not in result["sites"]:
         from ..metrics.mechanism import Mechanism
         return Mechanism("failed", "low", f"the grid lacks key corruption at {site}", {})
-    cells = {p: cell(result, "key", site, p) or {} for p in ("key", "value", "query")}
-    return classify(cells, result["corruptions"]["key"]["clean_accuracy"])
+    cells = {layer: {p: cell(result, "key", f"layers.{layer}.input", p) or {} for p in ("key", "value", "query")}
+             for layer in range(n_layers) if f"layers.{layer}.input" in result["sites"]}
+    return classify_by_layer(cells, result["corruptions"]["key"]["clean_accuracy"])

@@ -14,6 +14,14 @@ value and query positions (for 2-layer models: ``layers.1.input``).
 * failed: the model does not solve the task (clean accuracy too low) or corrupting the key does
   not change its prediction (the restoration denominator is below threshold).
 
+In a model of more than two layers the lookup need not happen in the last one: a 3-layer
+Transformer can copy the key's identity into the value token in layer 0 and look it up in layer
+1, after which the answer sits at the query, and the last layer's input reads @query 1.00 like a
+direct retrieval. Induction is the one mechanism that leaves the key's identity at the value
+position, so ``classify_by_layer`` labels a model ``induction`` where any layer's input after the
+first shows induction's signature, and reads every other label at the last layer's input (for one
+and two layers the same as ``classify`` there: the first layer's input holds the tokens only).
+
 Confidence: "high" when the bootstrap intervals lie entirely on the decisive side of the
 thresholds, "medium" when only the point estimates do (or there are no intervals: zero
 resamples, or a bootstrap that gave up on small denominators), "low" for mixed.
@@ -78,6 +86,24 @@ def classify(cells: dict[str, dict], clean_accuracy: float, min_accuracy: float 
                                      f"@query {point('query'):.2f}: no single mechanism dominates", evidence)
 
 
+def classify_by_layer(cells_by_layer: dict[int, dict[str, dict]], clean_accuracy: float,
+                      min_accuracy: float = MIN_ACCURACY) -> Mechanism:
+    """cells_by_layer: layer -> the cells at that layer's input (as ``classify`` takes them), the
+    last layer's at least. The label at the last layer's input, or ``induction`` where a layer
+    between the first and the last shows it (the latest such layer; its evidence says which)."""
+    last = max(cells_by_layer)
+    mechanism = classify(cells_by_layer[last], clean_accuracy, min_accuracy)
+    if mechanism.label in ("induction", "failed"):
+        return mechanism
+    for layer in sorted((l for l in cells_by_layer if 0 < l < last), reverse=True):
+        earlier = classify(cells_by_layer[layer], clean_accuracy, min_accuracy)
+        if earlier.label == "induction":
+            return Mechanism("induction", earlier.confidence,
+                             f"at layer {layer}'s input {earlier.reason}; at the last layer's input the answer has "
+                             f"moved on ({mechanism.label})", {**earlier.evidence, "layer": layer})
+    return mechanism
+
+
 def relabel(row: dict) -> dict:
     """A report row (``@key``/``@value``/``@query`` at the last layer's input with their ``_ci``
     intervals, ``mechanism``, ``confidence``) with its label by the current rule, so that rows
@@ -88,5 +114,14 @@ def relabel(row: dict) -> dict:
         return row
     cells = {p: {"restoration": row.get(f"@{p}"), "restoration_ci": row.get(f"@{p}_ci")}
              for p in ("key", "value", "query")}
-    mechanism = classify(cells, clean_accuracy=MIN_ACCURACY)
+    # the layers before the last from ``layer_scores`` (point estimates: a row keeps no intervals there)
+    layers: dict[int, dict[str, dict]] = {}
+    for name, value in (row.get("layer_scores") or {}).items():
+        site, _, position = name.partition("@")
+        layers.setdefault(int(site.split(".")[1]), {})[position] = {"restoration": value}
+    last = max(layers, default=0)
+    layers[last] = cells
+    mechanism = classify_by_layer(layers, clean_accuracy=MIN_ACCURACY)
+    if "layer" in mechanism.evidence and row["mechanism"] == "induction":
+        return row                     # read there with its intervals when the row was written
     return {**row, "mechanism": mechanism.label, "confidence": mechanism.confidence}

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from hf_mecheval.metrics import bootstrap_interval, per_example_restoration, restoration, summarize_restoration
-from hf_mecheval.metrics.mechanism import classify, relabel
+from hf_mecheval.metrics.mechanism import classify, classify_by_layer, relabel
 
 
 def test_ratio_of_means_by_hand():
@@ -99,3 +99,43 @@ def test_rows_written_under_an_older_rule_are_relabelled_and_failed_rows_kept():
     failed = {**old, "mechanism": "failed", "confidence": "high"}
     assert relabel(failed) == failed
     assert relabel({"run": "not evaluated"}) == {"run": "not evaluated"}
+
+
+def test_induction_in_a_middle_layer_is_induction():
+    # layer 0's input holds the tokens (the key restores alone); a 3-layer Transformer looks the key
+    # up at layer 1 (the value restores there), after which the answer sits at the query
+    tokens = cells(1.0, 0.0, 0.0, 0.02)
+    transformer = {0: tokens, 1: cells(0.0, 1.0, 0.0, 0.02), 2: cells(0.0, 0.0, 1.0, 0.02)}
+    m = classify_by_layer(transformer, clean_accuracy=1.0)
+    assert (m.label, m.confidence, m.evidence["layer"]) == ("induction", "high", 1)
+    assert "layer 1" in m.reason and "direct_query" in m.reason
+    # what the last layer's input alone says
+    assert classify(transformer[2], clean_accuracy=1.0).label == "direct_query"
+    # a 3-layer Mamba retrieves at the query from layer 1 on: no induction anywhere, the last layer's label
+    mamba = {0: tokens, 1: cells(0.0, 0.0, 1.0, 0.02), 2: cells(0.0, 0.0, 1.0, 0.02)}
+    assert classify_by_layer(mamba, clean_accuracy=0.7) == classify(mamba[2], clean_accuracy=0.7)
+    # one and two layers: the last layer's label, whatever the first layer's input shows
+    for two in ({0: tokens, 1: cells(0.05, 0.02, 0.97, 0.05)}, {0: tokens, 1: cells(0.45, 0.05, 0.5, 0.05)},
+                {0: cells(0.0, 1.0, 0.0), 1: cells(0.05, 0.02, 0.97, 0.05)}, {0: tokens}):
+        assert classify_by_layer(two, clean_accuracy=0.99) == classify(two[max(two)], clean_accuracy=0.99)
+    # a failed model stays failed, whatever its middle layers show
+    assert classify_by_layer(transformer, clean_accuracy=0.1).label == "failed"
+
+
+def test_a_row_relabelled_reads_induction_in_its_middle_layers():
+    scores = {"layers.0.input@key": 1.0, "layers.0.input@value": 0.0, "layers.0.input@query": 0.0,
+              "layers.1.input@key": 0.0, "layers.1.input@value": 1.0, "layers.1.input@query": 0.0,
+              "layers.2.input@key": 0.0, "layers.2.input@value": 0.0, "layers.2.input@query": 1.0}
+    last = {"@key": 0.0, "@key_ci": [0.0, 0.01], "@value": 0.0, "@value_ci": [0.0, 0.01],
+            "@query": 1.0, "@query_ci": [0.99, 1.0], "layer_scores": scores}
+    # labelled by the last layer alone (before the rule read earlier layers): relabelled from the
+    # middle layer's point estimates
+    assert relabel({**last, "mechanism": "direct_query", "confidence": "high"})["mechanism"] == "induction"
+    assert relabel({**last, "mechanism": "direct_query", "confidence": "high"})["confidence"] == "medium"
+    # labelled induction with the middle layer's intervals when it was written: kept as it is
+    row = {**last, "mechanism": "induction", "confidence": "high"}
+    assert relabel(row) == row
+    # without induction in the middle the last layer decides
+    mamba = {**last, "layer_scores": {**scores, "layers.1.input@value": 0.0, "layers.1.input@query": 1.0},
+             "mechanism": "induction", "confidence": "high"}
+    assert relabel(mamba)["mechanism"] == "direct_query"
