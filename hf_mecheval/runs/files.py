@@ -88,7 +88,7 @@ def format_score(value) -> str:
 def last_layer_summary(result: dict) -> dict:
     """@key/@value/@query (and their intervals) at the input of the last layer, key corrupted,
     and the mechanism (label, confidence, reason). The mechanism is classified again from the
-    stored cells by the current rule (``metrics.mechanism.classify``), so that runs evaluated
+    stored cells by the current rule (``metrics.mechanism.classify_by_layer``), so that runs evaluated
     before a change of the rule read the same as new ones; the grid's own ``mechanism`` entry
     keeps what the rule said when it was written."""
     from ..interventions.grid import cell, mechanism_of
