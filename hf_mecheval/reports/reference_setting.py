@@ -267,10 +267,11 @@ def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
     for name in (REFERENCE_RECIPE, EARLIER_RECIPE):
         def of(table_rows):
             return [r for r in table_rows if recipe(r) == name]
-        atr = {t: selections(of(rows["atr"]), t) for t in ("atr_easy", "atr_gen")}
-        plans = {"widths": planned_runs(PLANNED[name]["ar"] + PLANNED[name]["ablations"]),
-                 "atr": planned_runs(PLANNED[name]["atr"], lambda a: (args_label(a), a["task"]))}
-        judged[name] = verdicts(selections(of(rows["ar"])), selections(of(widths)), atr, plans)
+        atr_plan = planned_runs(PLANNED[name]["atr"], lambda a: (args_label(a), a["task"]))
+        plans = {"ar": planned_runs(PLANNED[name]["ar"] + PLANNED[name]["ablations"]),
+                 "atr_easy": {label: runs for (label, task), runs in atr_plan.items() if task == "atr_easy"}}
+        judged[name] = verdicts(selections(of(rows["ar"] + rows["ablations"])),
+                                selections(of(rows["atr"]), "atr_easy"), plans)
     tables["ref_verdicts"] = _table(
         ["claim", "paper", f"here ({REFERENCE_RECIPE} recipe)", "verdict", f"here ({EARLIER_RECIPE})", "verdict"],
         [[new["claim"], new["paper"], new["figures"], new["verdict"], old["figures"], old["verdict"]]
@@ -401,18 +402,13 @@ def verdict_of(holds: bool) -> str:
     return "**holds**" if holds else "**does not hold**"
 
 
-def verdicts(ar: dict[str, Selection], widths: dict[str, Selection], atr: dict[str, dict[str, Selection]],
-             plans: dict[str, Plan]) -> list[dict]:
-    """The paper's claims at this setting (``ar_claims``, then ATR's), each with the figures and a
+def verdicts(at: dict[str, Selection], easy: dict[str, Selection], plans: dict[str, Plan]) -> list[dict]:
+    """The paper's claims at this setting (``ar_claims`` on ``at``, the AR and ablation runs by
+    label; then ATR's on ``easy``, the ATR easy runs by label), each with the figures and a
     verdict, or "not run yet" while a model it reads has runs planned that have not finished (or,
-    for a claim about the mechanism, grids not yet run). ``plans``: "widths" (AR and the
-    ablations) by label, "atr" by (label, task); ``widths`` holds Mamba's and Based's AR rows and
-    the ablations', so Mamba (conv 4) is the same selection in both."""
-    at = {**ar, **widths}
-    out = ar_claims(at, claim_states(at, plans["widths"]))
-    easy = atr.get("atr_easy", {})
-    easy_plan = {k[0]: runs for k, runs in plans["atr"].items() if k[1] == "atr_easy"}
-    ready = lambda label: finished(easy, label, easy_plan) and measured(easy[label])
+    for a claim about the mechanism, grids not yet run). ``plans``: "ar" and "atr_easy" by label."""
+    out = ar_claims(at, claim_states(at, plans["ar"]))
+    ready = lambda label: finished(easy, label, plans["atr_easy"]) and measured(easy[label])
     out.append(atr_induction_claim("ATR: the Transformer uses induction, Mamba (conv 4) does not",
                                    easy.get("transformer"), easy.get("mamba (conv 4)"),
                                    ready("transformer") and ready("mamba (conv 4)")))
