@@ -109,7 +109,8 @@ def relabel(row: dict) -> dict:
     intervals, ``mechanism``, ``confidence``) with its label by the current rule, so that rows
     written before a change of the rule read like new ones. A row labelled ``failed`` (or not
     labelled) is returned as it is: that label may rest on the grid's clean accuracy, which a row
-    does not keep. Any other label means the accuracy passed, which is all ``classify`` needs of it."""
+    does not keep. Any other label means the accuracy passed, which is all ``classify`` needs of it.
+    Induction read at a layer before the last adds ``mechanism_layer``, that layer."""
     if row.get("mechanism") in (None, "failed"):
         return row
     cells = {p: {"restoration": row.get(f"@{p}"), "restoration_ci": row.get(f"@{p}_ci")}
@@ -122,6 +123,9 @@ def relabel(row: dict) -> dict:
     last = max(layers, default=0)
     layers[last] = cells
     mechanism = classify_by_layer(layers, clean_accuracy=MIN_ACCURACY)
-    if "layer" in mechanism.evidence and row["mechanism"] == "induction":
-        return row                     # read there with its intervals when the row was written
+    if "layer" in mechanism.evidence:
+        where = {"mechanism_layer": mechanism.evidence["layer"]}
+        if row["mechanism"] == "induction":
+            return {**row, **where}    # read there with its intervals when the row was written
+        return {**row, "mechanism": mechanism.label, "confidence": mechanism.confidence, **where}
     return {**row, "mechanism": mechanism.label, "confidence": mechanism.confidence}

@@ -149,9 +149,12 @@ def _score(rows: list[dict], position: str) -> str:
 
 
 def _mechanism(rows: list[dict]) -> str:
-    labels = sorted({f"{r['mechanism']} ({r['confidence']})" if r.get("confidence") else r["mechanism"]
-                     for r in rows if r.get("mechanism")})
-    return ", ".join(labels) or "n/a"
+    """Each distinct label of ``rows`` with its confidence, and the layer where a label was read at
+    a layer before the last (``relabel``'s ``mechanism_layer``: "induction at layer 1 (high)")."""
+    def label(r: dict) -> str:
+        where = f" at layer {r['mechanism_layer']}" if r.get("mechanism_layer") is not None else ""
+        return f"{r['mechanism']}{where} ({r['confidence']})" if r.get("confidence") else f"{r['mechanism']}{where}"
+    return ", ".join(sorted({label(r) for r in rows if r.get("mechanism")})) or "n/a"
 
 
 def _minutes(rows: list[dict]) -> str:

@@ -130,11 +130,17 @@ def test_a_row_relabelled_reads_induction_in_its_middle_layers():
             "@query": 1.0, "@query_ci": [0.99, 1.0], "layer_scores": scores}
     # labelled by the last layer alone (before the rule read earlier layers): relabelled from the
     # middle layer's point estimates
-    assert relabel({**last, "mechanism": "direct_query", "confidence": "high"})["mechanism"] == "induction"
-    assert relabel({**last, "mechanism": "direct_query", "confidence": "high"})["confidence"] == "medium"
-    # labelled induction with the middle layer's intervals when it was written: kept as it is
+    relabelled = relabel({**last, "mechanism": "direct_query", "confidence": "high"})
+    assert (relabelled["mechanism"], relabelled["confidence"], relabelled["mechanism_layer"]) == ("induction", "medium", 1)
+    # labelled induction with the middle layer's intervals when it was written: kept as it is, the
+    # layer named
     row = {**last, "mechanism": "induction", "confidence": "high"}
-    assert relabel(row) == row
+    assert relabel(row) == {**row, "mechanism_layer": 1}
+    # induction read at the last layer's input names no layer
+    two = {**last, "@value": 1.0, "@value_ci": [0.99, 1.0], "@query": 0.0, "@query_ci": [0.0, 0.01],
+           "mechanism": "induction", "confidence": "high",
+           "layer_scores": {k: v for k, v in scores.items() if not k.startswith("layers.2")}}
+    assert "mechanism_layer" not in relabel(two)
     # without induction in the middle the last layer decides
     mamba = {**last, "layer_scores": {**scores, "layers.1.input@value": 0.0, "layers.1.input@query": 1.0},
              "mechanism": "induction", "confidence": "high"}
