@@ -112,6 +112,17 @@ def test_every_command_has_help(command, capsys):
     assert text.startswith(f"usage: mecheval {' '.join(command)} "), text[:80]
 
 
+def test_train_help_gives_defaults_only_where_a_flag_has_one(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())      # argparse wraps lines at the terminal's width
+    assert "(default: 64)" in text and "(default: ar_32)" in text
+    # None means "not given" (the reference recipe's, the architecture's): the flag's help says
+    # which, and no "(default: None)" contradicts it
+    assert "default: None" not in text
+    assert "reference (the paper's code; the default)" in text
+
+
 def test_reproduce_dry_run_lists_the_reference_sweep(capsys):
     assert main(["reproduce", "--preset", "ablation-mamba", "--dry-run"]) == 0
     assert "225 runs" in capsys.readouterr().out

@@ -28,11 +28,19 @@ from .arguments import DataArguments, MechEvalTrainingArguments, ModelArguments,
 ARGUMENT_TYPES = (ModelArguments, DataArguments, RunArguments, MechEvalTrainingArguments)
 
 
+class _DefaultsWhereSet(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` gives a flag's default where it has one: a default of None means "not given" (the
+    architecture's, the preset's, the reference recipe's), which the flag's own help says."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 @functools.lru_cache(maxsize=1)
 def _parser() -> HfArgumentParser:
     # built once: building it is most of the cost of checking a sweep's runs (~25 ms each)
     return HfArgumentParser(
-        ARGUMENT_TYPES, allow_abbrev=False, exit_on_error=False,
+        ARGUMENT_TYPES, allow_abbrev=False, exit_on_error=False, formatter_class=_DefaultsWhereSet,
         description="Train one model into a run directory. A stacked run (several runs that differ only in "
                     "learning rate and seed, trained together), or any run a job file describes, is started "
                     "instead with: --job JOB.json [--resume | --overwrite]; see hf_mecheval/training/jobs.py.")
