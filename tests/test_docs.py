@@ -291,6 +291,20 @@ def test_the_readme_quick_start_is_the_two_commands():
     assert re.search(r"^quickstart:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
 
 
+def test_the_readme_findings_quote_figures_the_reproduction_tables_hold():
+    """Each figure the README's "What the reproduction found" gives ("91.1 ± 3.6", "33.7") stands
+    in one of REPRODUCTION.md's tables, which ``mecheval report --update`` writes from results/:
+    a table that moves on leaves the README's figure behind, and this fails."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## What the reproduction found", 1)[1].split("\n## ", 1)[0]
+    reproduction = (ROOT / "REPRODUCTION.md").read_text()
+    tables = " ".join(re.findall(r"<!-- table:\w+ -->(.*?)<!-- /table:\w+ -->", reproduction, re.S))
+    figures = re.findall(r"\d+\.\d+(?: ± \d+\.\d+)?", section)
+    assert len(figures) >= 8
+    cells = set(re.findall(r"\d+\.\d+(?: ± \d+\.\d+)?", tables))
+    assert not [f for f in figures if f not in cells], "README figures no table holds"
+
+
 def test_the_command_reference_names_every_command_and_flag():
     from hf_mecheval.training.arguments import DataArguments, ModelArguments, RunArguments
 
