@@ -321,8 +321,12 @@ def _queue(args: argparse.Namespace) -> int:
             sweeps.setdefault(r["run"].split("/", 1)[0], []).append(r)
         for name, left in sweeps.items():            # each sweep's share, in the queue's order
             priced = [r["cpu_hours"] for r in left if r["cpu_hours"] is not None]
-            print(f"sweep {name}: {len(left)} run{'s' * (len(left) != 1)} left, about {sum(priced):.1f} CPU hours"
-                  + (f" ({len(left) - len(priced)} without a figure)" if len(priced) < len(left) else ""))
+            runs = f"sweep {name}: {len(left)} run{'s' * (len(left) != 1)} left"
+            if not priced:                           # "about 0.0 CPU hours" would read as a price
+                print(f"{runs}, none priced" + ("" if args.time_steps else " (--time-steps times them)"))
+            else:
+                print(f"{runs}, about {sum(priced):.1f} CPU hours"
+                      + (f" for {len(priced)} ({len(left) - len(priced)} without a figure)" if len(priced) < len(left) else ""))
         by_runs = [r["cpu_hours"] for r in rows if r["like"]]
         by_timing = [r for r in rows if r["timed"] is not None]
         line = (f"{len(rows)} run{'s' * (len(rows) != 1)} left: about {sum(by_runs):.1f} CPU hours for the "

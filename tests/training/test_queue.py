@@ -190,8 +190,8 @@ def test_dry_run_lists_what_is_left(tmp_path, two_sweeps, capsys):
     assert [line.split()[0] for line in printed[:3]] == ["second/based_s0", "first/transformer_lr0.01_s0",
                                                          "first/transformer_lr1e-03_s0"]
     # each sweep's share, in the queue's order, then the whole
-    assert printed[3:5] == ["sweep second: 1 run left, about 0.0 CPU hours (1 without a figure)",
-                            "sweep first: 2 runs left, about 0.0 CPU hours (2 without a figure)"]
+    assert printed[3:5] == ["sweep second: 1 run left, none priced (--time-steps times them)",
+                            "sweep first: 2 runs left, none priced (--time-steps times them)"]
     assert printed[-1].startswith("3 runs left") and len(printed) == 6
 
 
@@ -268,7 +268,7 @@ def test_dry_run_prices_each_run_left_from_finished_runs_like_it(tmp_path, two_s
     assert printed[0].endswith("~1.1 CPU h (median of 2 finished like it, 25 % trained)")
     assert printed[2].endswith("no finished run like it")
     assert printed[3:5] == ["sweep first: 2 runs left, about 2.6 CPU hours",
-                            "sweep second: 1 run left, about 0.0 CPU hours (1 without a figure)"]
+                            "sweep second: 1 run left, none priced (--time-steps times them)"]
     assert printed[-1] == ("3 runs left: about 2.6 CPU hours for the 2 with a finished run like them "
                            "(lr and seeds aside); 1 without one")
 
