@@ -182,8 +182,16 @@ def _legend(fig, axes) -> None:
 
 
 def _colours(labels) -> dict[str, str]:
-    """One colour per architecture in every panel and figure."""
-    return {label: f"C{i % 10}" for i, label in enumerate(sorted(set(labels)))}
+    """One colour per architecture in every panel and figure, the same one whichever others have
+    landed (the Transformer C0, Based C1, ... in ``ARCHITECTURE_ORDER``); labels that share an
+    architecture, or one outside the nine, are coloured in turn instead."""
+    from .reference_setting import ARCHITECTURE_ORDER
+
+    labels = sorted(set(labels))
+    names = [label.partition(" (")[0] for label in labels]
+    if len(set(names)) == len(names) and all(n in ARCHITECTURE_ORDER for n in names):
+        return {label: f"C{ARCHITECTURE_ORDER.index(n)}" for label, n in zip(labels, names)}
+    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
 
 
 def _main_task(rows: list[dict]) -> str:
