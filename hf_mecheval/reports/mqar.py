@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..runs.files import format_score  # noqa: E402
 from ..training.sweep import best_learning_rate, has_every_planned_run  # noqa: E402
-from .plots import save_figure  # noqa: E402
+from .plots import ARCHITECTURE_ORDER, save_figure  # noqa: E402
 
 
 def mqar_rows(rows: list[dict]) -> list[dict]:
@@ -185,8 +185,6 @@ def _colours(labels) -> dict[str, str]:
     """One colour per architecture in every panel and figure, the same one whichever others have
     landed (the Transformer C0, Based C1, ... in ``ARCHITECTURE_ORDER``); labels that share an
     architecture, or one outside the nine, are coloured in turn instead."""
-    from .reference_setting import ARCHITECTURE_ORDER
-
     labels = sorted(set(labels))
     names = [label.partition(" (")[0] for label in labels]
     if len(set(names)) == len(names) and all(n in ARCHITECTURE_ORDER for n in names):

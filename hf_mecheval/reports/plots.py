@@ -14,6 +14,10 @@ from PIL import Image  # noqa: E402
 from ..atomic_files import atomic_path  # noqa: E402
 
 RESIDUAL = ("input",)
+# the order in which the reports list the architectures, and in which a figure that colours by
+# architecture gives each its colour (C0, C1, ...): the paper's seven, then the two beyond it
+ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3", "baseconv", "mamba2",
+                      "gated_deltanet")
 
 
 def _cells(result: dict, corruption: str) -> list[dict]:

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 from ..experiments import read_experiment
 from ..training.sweep import Sweep, best_learning_rate, has_every_planned_run, mean_validation_accuracy, sweep_file
 from ..runs.files import run_seconds
+from .plots import ARCHITECTURE_ORDER
 from .report import model_label
 
 # Each table's sweeps: the reference's recipe (its initialisation, no clipping: ``reference/recipe_*``)
@@ -47,9 +48,6 @@ PLANNED = {REFERENCE_RECIPE: {"ar": ("reference/recipe_ar",), "ablations": ("ref
 _PAPER = read_experiment("paper", ("ar_width_256", "mamba_conv_width_256"))
 PAPER_AR_WIDTH_256 = {str(k): v for k, v in _PAPER["ar_width_256"].items()}
 PAPER_MAMBA_CONV_WIDTH_256 = {int(k): v for k, v in _PAPER["mamba_conv_width_256"].items()}
-# the paper's seven, then the two beyond it (AR at widths 64-256 only, reference/ar_beyond.yaml)
-ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3", "baseconv", "mamba2",
-                      "gated_deltanet")
 
 
 # a configuration (a table label, or a tuple beginning with one) -> the (learning rate, seed) runs
