@@ -123,9 +123,7 @@ def relabel(row: dict) -> dict:
     last = max(layers, default=0)
     layers[last] = cells
     mechanism = classify_by_layer(layers, clean_accuracy=MIN_ACCURACY)
-    if "layer" in mechanism.evidence:
-        where = {"mechanism_layer": mechanism.evidence["layer"]}
-        if row["mechanism"] == "induction":
-            return {**row, **where}    # read there with its intervals when the row was written
-        return {**row, "mechanism": mechanism.label, "confidence": mechanism.confidence, **where}
-    return {**row, "mechanism": mechanism.label, "confidence": mechanism.confidence}
+    where = {"mechanism_layer": mechanism.evidence["layer"]} if "layer" in mechanism.evidence else {}
+    if where and row["mechanism"] == "induction":
+        return {**row, **where}        # read there with its intervals when the row was written
+    return {**row, "mechanism": mechanism.label, "confidence": mechanism.confidence, **where}
