@@ -274,7 +274,9 @@ def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
         judged[name] = verdicts(selections(of(rows["ar"] + rows["ablations"])),
                                 selections(of(rows["atr"]), "atr_easy"), plans)
     tables["ref_verdicts"] = _table(
-        ["claim", "paper", f"here ({REFERENCE_RECIPE} recipe)", "verdict", f"here ({EARLIER_RECIPE})", "verdict"],
+        # the paper states its AR figures and the ablation at width 256; Part 1 judges width 64
+        ["claim (judged at width 64)", "paper (AR and ablations: at width 256)", f"here ({REFERENCE_RECIPE} recipe)",
+         "verdict", f"here ({EARLIER_RECIPE})", "verdict"],
         [[new["claim"], new["paper"], new["figures"], new["verdict"], old["figures"], old["verdict"]]
          for new, old in zip(judged[REFERENCE_RECIPE], judged[EARLIER_RECIPE])])
     return tables
