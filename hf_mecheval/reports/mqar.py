@@ -79,88 +79,148 @@ def _axis_settings(settings: set[tuple[int, int]]) -> tuple[int, list[int], int,
     return length, pair_counts, pairs, sorted({L for L, p in settings if p == pairs})
 
 
-def mqar_figures(rows: list[dict], out: Path, plan: dict | None = None) -> list[Path]:
-    """mqar_pairs.png (accuracy against the number of pairs at one length), mqar_length.png
-    (against the length at one number of pairs) and, where grids were run, mqar_near_far.png
-    (restoration @value against @key + @query of near and far queries: induction against direct
-    retrieval, wherever a model retrieves from; not where that group fails the task, whose scores
-    mean nothing) and, where runs recorded it, mqar_key_position.png (accuracy against where the
-    query's key stands); one panel per width. ``plan``: as ``chosen_runs``."""
+def mqar_figures(rows: list[dict], out: Path, plan: dict | None = None, published: dict | None = None) -> list[Path]:
+    """mqar_pairs.png (accuracy against the number of pairs at one length) and mqar_length.png
+    (against the length at one number of pairs), of the task that mixes settings; where grids were
+    run, mqar_near_far.png (restoration @value against @key + @query of near and far queries:
+    induction against direct retrieval, wherever a model retrieves from; not where that group
+    fails the task, whose scores mean nothing); where runs recorded it, mqar_key_position.png
+    (accuracy against where the query's key stands); and, given Zoology's Figure 2 values
+    (``published``: zoology.yaml's ``figure2``) and runs of its settings, mqar_zoology.png. A
+    panel per width, and per task where the rows hold several (Zoology's settings are one task
+    each). ``plan``: as ``chosen_runs``."""
     rows = mqar_rows(rows)
-    if not rows:
-        return []
-    chosen = {k: v for k, v in chosen_runs(rows, plan).items() if k[0] == _main_task(rows)}
+    chosen = chosen_runs(rows, plan)
     if not chosen:
         return []
     accuracy = {k: setting_accuracy(v) for k, v in chosen.items()}
-    settings = set().union(*(a.keys() for a in accuracy.values()))
-    length, pair_counts, pairs, lengths = _axis_settings(settings)
-    widths = sorted({w for _, _, w in chosen})
     colour = _colours(label for _, label, _ in chosen)
     made = []
-    for name, xs, point, xlabel, title in (
-            ("mqar_pairs.png", pair_counts, lambda x: (length, x), "key-value pairs", f"sequence length {length}"),
-            ("mqar_length.png", lengths, lambda x: (x, pairs), "sequence length", f"{pairs} pairs")):
-        curves = {(label, w): [(x, acc[point(x)]) for x in xs if point(x) in acc]
-                  for (_, label, w), acc in accuracy.items()}
-        made.append(_accuracy_panels(curves, widths, colour, (xs, [str(x) for x in xs]), xlabel, f", {title}",
-                                     out / name, log2=True))
+    # accuracy against pairs and length: a task with one setting (Zoology's) has no line to draw
+    mixtures = [r for r in rows if len({(s["seq_len"], s["num_pairs"]) for s in r["test_by_setting"]}) > 1]
+    mixed = {k: a for k, a in accuracy.items() if mixtures and k[0] == _main_task(mixtures)}
+    if mixed:
+        length, pair_counts, pairs, lengths = _axis_settings(set().union(*(a.keys() for a in mixed.values())))
+        for name, xs, point, xlabel, title in (
+                ("mqar_pairs.png", pair_counts, lambda x: (length, x), "key-value pairs", f"sequence length {length}"),
+                ("mqar_length.png", lengths, lambda x: (x, pairs), "sequence length", f"{pairs} pairs")):
+            curves = {key: [(x, acc[point(x)]) for x in xs if point(x) in acc] for key, acc in mixed.items()}
+            made.append(_accuracy_panels(curves, colour, (xs, [str(x) for x in xs]), xlabel, f", {title}",
+                                         out / name, log2=True))
     evaluated = {k: v[0]["by_distance"] for k, v in chosen.items() if isinstance(v[0].get("by_distance"), dict)
                  and {"near", "far"} <= set(v[0]["by_distance"])}
     planes = {k: (_plane_point(g["near"]), _plane_point(g["far"])) for k, g in evaluated.items()
               if "failed" not in (g["near"].get("mechanism"), g["far"].get("mechanism"))}
     planes = {k: v for k, v in planes.items() if None not in v}
     if planes:
-        fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths) + 1.8, 4.2), squeeze=False)
+        fig, axes = _panels(planes, 4.6, 4.2)
         # models by one mechanism meet at one corner: each later one drawn smaller, on top, so that
         # every model there still shows as a ring around the next
         size = {label: max(16, 120 - 13 * i) for i, label in enumerate(sorted({l for _, l, _ in planes}))}
         xs, ys = [x for v in planes.values() for x, _ in v], [y for v in planes.values() for _, y in v]
-        for ax, width in zip(axes[0], widths):
-            for (_, label, w), (near, far) in sorted(planes.items(), key=lambda kv: kv[0][1]):
-                if w != width:
-                    continue
-                ax.plot([near[0], far[0]], [near[1], far[1]], lw=1, color=colour[label])
-                ax.scatter([near[0]], [near[1]], marker="o", s=size[label], color=colour[label], label=label)
-                ax.scatter([far[0]], [far[1]], marker="s", s=size[label], color=colour[label])
+        for (task, label, width), (near, far) in sorted(planes.items(), key=lambda kv: kv[0][1]):
+            ax = axes[task, width]
+            ax.plot([near[0], far[0]], [near[1], far[1]], lw=1, color=colour[label])
+            ax.scatter([near[0]], [near[1]], marker="o", s=size[label], color=colour[label], label=label)
+            ax.scatter([far[0]], [far[1]], marker="s", s=size[label], color=colour[label])
+        for (task, width), ax in axes.items():
             # restoration is 0-1 up to noise; @key + @query may pass 1 where both positions restore
             ax.set_xlim(min(-0.2, min(xs) - 0.05), max(1.2, max(xs) + 0.1))
             ax.set_ylim(min(-0.2, min(ys) - 0.05), max(1.2, max(ys) + 0.1))
             ax.set_xlabel("restoration @value (last layer's input)")
-            ax.set_title(f"width {width}: near (o) and far (s) queries")
+            if _first_column(axes, width):
+                ax.set_ylabel("restoration @key + @query")
+            ax.set_title(f"{_panel_title(axes, task, width)}: near (o) and far (s) queries")
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("restoration @key + @query")
-        _legend(fig, axes[0])
+        _legend(fig, list(axes.values()))
         made.append(save_figure(fig, out / "mqar_near_far.png"))
     by_position = {k: a for k, a in ((k, key_position_accuracy(v)) for k, v in chosen.items()) if a}
     if by_position:
         buckets = sorted(set().union(*by_position.values()))
-        curves = {(label, w): [(i, acc[b]) for i, b in enumerate(buckets) if b in acc]
-                  for (_, label, w), acc in by_position.items()}
-        made.append(_accuracy_panels(curves, widths, colour, (range(len(buckets)),
-                                                              [f"{lo}-{hi - 1}" for lo, hi in buckets]),
+        curves = {key: [(i, acc[b]) for i, b in enumerate(buckets) if b in acc] for key, acc in by_position.items()}
+        made.append(_accuracy_panels(curves, colour, (range(len(buckets)), [f"{lo}-{hi - 1}" for lo, hi in buckets]),
                                      "position of the query's key", "", out / "mqar_key_position.png"))
+    if published:
+        theirs = {task: by_width for task, by_width in published.items() if any(k[0] == task for k in chosen)}
+        if theirs:
+            made.append(zoology_figure(chosen, theirs, colour, out / "mqar_zoology.png"))
     return made
 
 
-def _accuracy_panels(curves: dict[tuple[str, int], list[tuple[float, float]]], widths: list[int], colour: dict,
+def zoology_figure(chosen: dict[tuple[str, str, int], list[dict]], published: dict, colour: dict, path: Path) -> Path:
+    """Zoology's Figure 2 as its reader knows it: MQAR accuracy against model width (log2 axis), a
+    panel per setting, a line per architecture; ours (``chosen``: as ``chosen_runs``) solid and
+    filled, Zoology's (``published``: setting -> width -> model -> accuracy) dashed and hollow in
+    the same colour. The two are different statistics (the table beside it says how)."""
+    fig, axes = plt.subplots(1, len(published), figsize=(4.0 * len(published) + 2.2, 3.8), squeeze=False, sharey=True)
+    widths = sorted({int(w) for by_width in published.values() for w in by_width} | {w for _, _, w in chosen})
+    for ax, (task, by_width) in zip(axes[0], published.items()):
+        models = sorted((m for m in colour if any(k[0] == task and k[1] == m for k in chosen)), key=_rank)
+        for model in models:
+            ours = sorted((w, _mean([r["test_accuracy"] for r in runs])) for (t, m, w), runs in chosen.items()
+                          if t == task and m == model)
+            paper = sorted((int(w), values[model]) for w, values in by_width.items() if model in values)
+            ax.plot([w for w, _ in ours], [a for _, a in ours], marker="o", color=colour[model], label=model)
+            if paper:
+                ax.plot([w for w, _ in paper], [a for _, a in paper], marker="o", linestyle="--",
+                        markerfacecolor="white", color=colour[model])
+        settings = {(s["seq_len"], s["num_pairs"]) for (t, _, _), runs in chosen.items() if t == task
+                    for s in runs[0]["test_by_setting"]}
+        title = ", ".join(f"{length} tokens, {pairs} pairs" for length, pairs in sorted(settings))
+        ax.set_title(f"{task}: {title}" if title else task, fontsize=10)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(widths, [str(w) for w in widths])
+        ax.set_xlim(widths[0] / 1.3, widths[-1] * 1.3)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("model width")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("MQAR accuracy")
+    axes[0][-1].plot([], [], color="grey", marker="o", label="ours (test, rate chosen on validation)")
+    axes[0][-1].plot([], [], color="grey", marker="o", linestyle="--", markerfacecolor="white",
+                     label="Zoology, Figure 2 (best of 4 rates on test)")
+    _legend(fig, axes[0])
+    return save_figure(fig, path)
+
+
+def _panels(keys, width: float, height: float):
+    """A figure with a panel per (task, width) of ``keys`` ((task, label, width) triples): a row
+    per task, a column per width; returns (figure, {(task, width): axes})."""
+    tasks = sorted({t for t, _, _ in keys})
+    widths = sorted({w for _, _, w in keys})
+    fig, grid = plt.subplots(len(tasks), len(widths), figsize=(width * len(widths) + 1.8, height * len(tasks)),
+                             squeeze=False, sharey="row")
+    return fig, {(t, w): grid[i][j] for i, t in enumerate(tasks) for j, w in enumerate(widths)}
+
+
+def _first_column(axes: dict, width: int) -> bool:
+    return width == min(w for _, w in axes)
+
+
+def _panel_title(axes: dict, task: str, width: int) -> str:
+    """"width 64", or "mqar_64_4, width 64" where the panels span several tasks."""
+    several = len({t for t, _ in axes}) > 1
+    return f"{task}, width {width}" if several else f"width {width}"
+
+
+def _accuracy_panels(curves: dict[tuple[str, str, int], list[tuple[float, float]]], colour: dict,
                      ticks: tuple, xlabel: str, title: str, path: Path, log2: bool = False) -> Path:
-    """MQAR test accuracy, a panel per width and a line per architecture (``curves``: (label,
-    width) -> its (x, accuracy) points); ``ticks``: (positions, labels) of the x axis."""
-    fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1.8, 3.6), squeeze=False, sharey=True)
-    for ax, width in zip(axes[0], widths):
-        for (label, w), points in curves.items():
-            if w == width:
-                ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label, color=colour[label])
+    """MQAR test accuracy, a panel per task and width and a line per architecture (``curves``:
+    (task, label, width) -> its (x, accuracy) points); ``ticks``: (positions, labels) of the x axis."""
+    fig, axes = _panels(curves, 4.2, 3.6)
+    for (task, label, width), points in curves.items():
+        axes[task, width].plot([x for x, _ in points], [y for _, y in points], marker="o", label=label,
+                               color=colour[label])
+    for (task, width), ax in axes.items():
         if log2:
             ax.set_xscale("log", base=2)
         ax.set_xticks(*ticks)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel(xlabel)
-        ax.set_title(f"width {width}{title}")
+        if _first_column(axes, width):
+            ax.set_ylabel("MQAR test accuracy")
+        ax.set_title(f"{_panel_title(axes, task, width)}{title}")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("MQAR test accuracy")
-    _legend(fig, axes[0])
+    _legend(fig, list(axes.values()))
     return save_figure(fig, path)
 
 
@@ -179,6 +239,12 @@ def _legend(fig, axes) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     axes[-1].legend(list(handles.values()), list(handles), fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+
+
+def _rank(label: str) -> tuple[int, str]:
+    """A label's place in ``ARCHITECTURE_ORDER`` (labels outside it last)."""
+    name = label.partition(" (")[0]
+    return (ARCHITECTURE_ORDER.index(name) if name in ARCHITECTURE_ORDER else len(ARCHITECTURE_ORDER)), label
 
 
 def _colours(labels) -> dict[str, str]:

@@ -313,7 +313,7 @@ def figures(rows: list[dict], out: Path, mqar_plan: dict | None = None) -> list[
         ax.set_ylabel("test accuracy (%)")
         ax.legend(fontsize=8)
         made.append(save_figure(fig, out / "conv_kernel.png"))
-    return made + mqar_figures(rows, out, mqar_plan)
+    return made + mqar_figures(rows, out, mqar_plan, read_experiment("zoology", ["figure2"])["figure2"])
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-mecheval report",

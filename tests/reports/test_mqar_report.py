@@ -63,9 +63,48 @@ def test_zoology_table_stands_beside_figure_2():
 def test_figures_are_drawn(tmp_path):
     made = mqar_figures(ROWS, tmp_path)
     assert [p.name for p in made] == ["mqar_pairs.png", "mqar_length.png", "mqar_near_far.png"]
+    # ROWS hold runs of one of Zoology's settings (mqar_64_4): with its values, its figure too
+    published = read_experiment("zoology", ["figure2"])["figure2"]
+    assert [p.name for p in mqar_figures(ROWS, tmp_path, published=published)][-1] == "mqar_zoology.png"
     for p in made:
         data = p.read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_zoology_settings_get_figure_2_and_a_panel_per_setting(tmp_path, monkeypatch):
+    """Zoology's settings are a task of one setting each: no line against pairs or length to draw;
+    the mechanism plane has a panel per setting and width; mqar_zoology.png puts ours beside the
+    figure's values, a panel per setting with our runs, against width."""
+    import hf_mecheval.reports.mqar as mqar
+    published = read_experiment("zoology", ["figure2"])["figure2"]
+    rows = [row("transformer", 64, 1e-3, 0, 0.9, {(64, 4): 0.96}, task="mqar_64_4", mechanism="induction",
+                by_distance=NEAR_FAR),
+            row("transformer", 128, 1e-3, 0, 0.9, {(64, 4): 1.0}, task="mqar_64_4"),
+            row("hyena", 64, 1e-3, 0, 0.6, {(128, 8): 0.3}, task="mqar_128_8", by_distance=NEAR_FAR)]
+    figures = {}
+    real_save = mqar.save_figure
+
+    def keep(fig, path, **kw):
+        figures[path.name] = fig
+        return real_save(fig, path, **kw)
+    monkeypatch.setattr(mqar, "save_figure", keep)
+    made = mqar_figures(rows, tmp_path, published=published)
+    assert [p.name for p in made] == ["mqar_near_far.png", "mqar_zoology.png"]
+    titles = sorted(ax.get_title() for ax in figures["mqar_near_far.png"].axes if ax.get_title())
+    assert titles == ["mqar_128_8, width 64: near (o) and far (s) queries",
+                      "mqar_64_4, width 64: near (o) and far (s) queries"]
+    panels = {ax.get_title(): ax for ax in figures["mqar_zoology.png"].axes}
+    assert sorted(panels) == ["mqar_128_8: 128 tokens, 8 pairs", "mqar_64_4: 64 tokens, 4 pairs"]
+    lines = [(line.get_linestyle(), list(line.get_xdata()), list(line.get_ydata()))
+             for line in panels["mqar_64_4: 64 tokens, 4 pairs"].get_lines()]
+    assert ("-", [64, 128], [0.96, 1.0]) in lines                  # ours, at both widths
+    assert ("--", [64, 128], [0.98, 0.98]) in lines                # Zoology's transformer
+    assert len(lines) == 2                                          # Zoology's models we did not run: not drawn
+    hyena = [(line.get_linestyle(), list(line.get_ydata())) for line in panels["mqar_128_8: 128 tokens, 8 pairs"].get_lines()]
+    assert hyena == [("-", [0.3]), ("--", [0.19, 0.65]), ("-", []), ("--", [])]   # the last two: the legend's styles
+    # without Zoology's values, or without runs of its settings, no such figure
+    assert "mqar_zoology.png" not in [p.name for p in mqar_figures(rows, tmp_path / "a")]
+    assert "mqar_zoology.png" not in [p.name for p in mqar_figures(ROWS[:5], tmp_path / "b", published=published)]
 
 
 def test_an_architecture_keeps_its_colour_whichever_others_have_landed():
