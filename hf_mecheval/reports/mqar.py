@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..runs.files import format_score  # noqa: E402
 from ..training.sweep import best_learning_rate, has_every_planned_run  # noqa: E402
-from .plots import ARCHITECTURE_ORDER, save_figure  # noqa: E402
+from .plots import architecture_colours, architecture_rank, save_figure  # noqa: E402
 
 
 def mqar_rows(rows: list[dict]) -> list[dict]:
@@ -94,7 +94,7 @@ def mqar_figures(rows: list[dict], out: Path, plan: dict | None = None, publishe
     if not chosen:
         return []
     accuracy = {k: setting_accuracy(v) for k, v in chosen.items()}
-    colour = _colours(label for _, label, _ in chosen)
+    colour = architecture_colours(label for _, label, _ in chosen)
     made = []
     # accuracy against pairs and length: a task with one setting (Zoology's) has no line to draw
     mixtures = [r for r in rows if len({(s["seq_len"], s["num_pairs"]) for s in r["test_by_setting"]}) > 1]
@@ -155,7 +155,8 @@ def zoology_figure(chosen: dict[tuple[str, str, int], list[dict]], published: di
     fig, axes = plt.subplots(1, len(published), figsize=(4.0 * len(published) + 2.2, 3.8), squeeze=False, sharey=True)
     widths = sorted({int(w) for by_width in published.values() for w in by_width} | {w for _, _, w in chosen})
     for ax, (task, by_width) in zip(axes[0], published.items()):
-        models = sorted((m for m in colour if any(k[0] == task and k[1] == m for k in chosen)), key=_rank)
+        models = sorted((m for m in colour if any(k[0] == task and k[1] == m for k in chosen)),
+                        key=lambda m: (architecture_rank(m), m))
         for model in models:
             ours = sorted((w, _mean([r["test_accuracy"] for r in runs])) for (t, m, w), runs in chosen.items()
                           if t == task and m == model)
@@ -239,23 +240,6 @@ def _legend(fig, axes) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     axes[-1].legend(list(handles.values()), list(handles), fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
-
-
-def _rank(label: str) -> tuple[int, str]:
-    """A label's place in ``ARCHITECTURE_ORDER`` (labels outside it last)."""
-    name = label.partition(" (")[0]
-    return (ARCHITECTURE_ORDER.index(name) if name in ARCHITECTURE_ORDER else len(ARCHITECTURE_ORDER)), label
-
-
-def _colours(labels) -> dict[str, str]:
-    """One colour per architecture in every panel and figure, the same one whichever others have
-    landed (the Transformer C0, Based C1, ... in ``ARCHITECTURE_ORDER``); labels that share an
-    architecture, or one outside the nine, are coloured in turn instead."""
-    labels = sorted(set(labels))
-    names = [label.partition(" (")[0] for label in labels]
-    if len(set(names)) == len(names) and all(n in ARCHITECTURE_ORDER for n in names):
-        return {label: f"C{ARCHITECTURE_ORDER.index(n)}" for label, n in zip(labels, names)}
-    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
 
 
 def _main_task(rows: list[dict]) -> str:

@@ -325,10 +325,11 @@ def grid_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
 
 
 def _styles(labels) -> dict[str, dict]:
-    """Line keywords per label: a colour and a marker per model; the model given the reference's
-    positions ("mamba (conv 4, positions)") in its model's colour and marker, hollow and dashed,
-    so that the two read as one architecture either way (ten colours would otherwise run out)."""
-    import matplotlib.pyplot as plt
+    """Line keywords per label: a colour and a marker per model, the colour its architecture's in
+    every figure (``architecture_colours``); the model given the reference's positions ("mamba
+    (conv 4, positions)") in its model's colour and marker, hollow and dashed, so that the two
+    read as one architecture either way (ten colours would otherwise run out)."""
+    from .plots import architecture_colours
 
     def model(label: str) -> str:
         extras = [e for e in _label_extras(label) if e != "positions"]
@@ -336,10 +337,11 @@ def _styles(labels) -> dict[str, dict]:
         return f"{name} ({', '.join(extras)})" if extras else name
 
     models = sorted({model(label) for label in labels}, key=_order)
+    colours = architecture_colours(models)
     styles = {}
     for label in labels:
         i = models.index(model(label))
-        styles[label] = {"color": plt.cm.tab10(i % 10), "marker": _marker(i)}
+        styles[label] = {"color": colours[model(label)], "marker": _marker(i)}
         if "positions" in _label_extras(label):
             styles[label].update(linestyle="--", markerfacecolor="white")
     return styles

@@ -20,6 +20,24 @@ ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3"
                       "gated_deltanet")
 
 
+def architecture_rank(label: str) -> int:
+    """The place in ``ARCHITECTURE_ORDER`` of a label's architecture ("mamba (conv 4)": mamba's);
+    labels outside the nine after them."""
+    name = label.partition(" ")[0]
+    return ARCHITECTURE_ORDER.index(name) if name in ARCHITECTURE_ORDER else len(ARCHITECTURE_ORDER)
+
+
+def architecture_colours(labels) -> dict[str, str]:
+    """One colour per architecture in every figure, the same one whichever others are drawn (the
+    Transformer C0, Based C1, ... in ``ARCHITECTURE_ORDER``); labels that share an architecture,
+    or one outside the nine, are coloured in turn instead (sorted)."""
+    labels = sorted(set(labels))
+    ranks = [architecture_rank(label) for label in labels]
+    if len(set(ranks)) == len(ranks) and len(ARCHITECTURE_ORDER) not in ranks:
+        return {label: f"C{rank}" for label, rank in zip(labels, ranks)}
+    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
+
+
 def _cells(result: dict, corruption: str) -> list[dict]:
     return result["corruptions"][corruption]["cells"]
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 from ..experiments import read_experiment
 from ..training.sweep import Sweep, best_learning_rate, has_every_planned_run, mean_validation_accuracy, sweep_file
 from ..runs.files import run_seconds
-from .plots import ARCHITECTURE_ORDER
+from .plots import architecture_rank
 from .report import model_label
 
 # Each table's sweeps: the reference's recipe (its initialisation, no clipping: ``reference/recipe_*``)
@@ -162,9 +162,7 @@ def _minutes(rows: list[dict]) -> str:
 
 
 def _order(label: str) -> tuple:
-    arch, _, rest = label.partition(" ")
-    rank = ARCHITECTURE_ORDER.index(arch) if arch in ARCHITECTURE_ORDER else len(ARCHITECTURE_ORDER)
-    return rank, rest
+    return architecture_rank(label), label.partition(" ")[2]
 
 
 class Selection:

@@ -2,7 +2,8 @@
 table with near and far labels, Zoology's Figure 2 beside ours, and the figures; from rows made
 by hand (the functions are pure functions of `mecheval report`'s rows)."""
 from hf_mecheval.experiments import read_experiment
-from hf_mecheval.reports.mqar import (_colours, _plane_point, chosen_runs, key_position_table, mqar_figures, mqar_table,
+from hf_mecheval.reports.plots import architecture_colours
+from hf_mecheval.reports.mqar import (_plane_point, chosen_runs, key_position_table, mqar_figures, mqar_table,
                                      setting_accuracy, zoology_table)
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -108,13 +109,13 @@ def test_zoology_settings_get_figure_2_and_a_panel_per_setting(tmp_path, monkeyp
 
 
 def test_an_architecture_keeps_its_colour_whichever_others_have_landed():
-    few = _colours(["transformer", "mamba (conv 4)"])
-    more = _colours(["transformer", "h3", "based", "mamba (conv 4)", "gated_deltanet"])
+    few = architecture_colours(["transformer", "mamba (conv 4)"])
+    more = architecture_colours(["transformer", "h3", "based", "mamba (conv 4)", "gated_deltanet"])
     assert few == {"transformer": "C0", "mamba (conv 4)": "C2"}
     assert {k: more[k] for k in few} == few and more["gated_deltanet"] == "C8"
     # two labels of one architecture, or one outside the nine: coloured in turn, each its own
-    assert len(set(_colours(["mamba (conv 0)", "mamba (conv 4)"]).values())) == 2
-    assert _colours(["hf:gpt2", "transformer"]) == {"hf:gpt2": "C0", "transformer": "C1"}
+    assert len(set(architecture_colours(["mamba (conv 0)", "mamba (conv 4)"]).values())) == 2
+    assert architecture_colours(["hf:gpt2", "transformer"]) == {"hf:gpt2": "C0", "transformer": "C1"}
 
 
 def test_the_near_far_plane_reads_direct_retrieval_from_either_position(tmp_path):
