@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import matplotlib
@@ -23,19 +24,27 @@ ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3"
 def architecture_rank(label: str) -> int:
     """The place in ``ARCHITECTURE_ORDER`` of a label's architecture ("mamba (conv 4)": mamba's);
     labels outside the nine after them."""
-    name = label.partition(" ")[0]
+    name = re.match(r"\w*", label).group()           # "transformer, 3 layers": transformer
     return ARCHITECTURE_ORDER.index(name) if name in ARCHITECTURE_ORDER else len(ARCHITECTURE_ORDER)
 
 
 def architecture_colours(labels) -> dict[str, str]:
     """One colour per architecture in every figure, the same one whichever others are drawn (the
-    Transformer C0, Based C1, ... in ``ARCHITECTURE_ORDER``); labels that share an architecture,
-    or one outside the nine, are coloured in turn instead (sorted)."""
+    Transformer C0, Based C1, ... in ``ARCHITECTURE_ORDER``). Where labels share an architecture
+    ("based", "based (positions)") the first of them (sorted) keeps its colour; the others, and
+    labels outside the nine, take in turn the colours no architecture drawn here holds."""
     labels = sorted(set(labels))
-    ranks = [architecture_rank(label) for label in labels]
-    if len(set(ranks)) == len(ranks) and len(ARCHITECTURE_ORDER) not in ranks:
-        return {label: f"C{rank}" for label, rank in zip(labels, ranks)}
-    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    colours, rest = {}, []
+    for label in labels:
+        colour = f"C{architecture_rank(label)}"
+        if architecture_rank(label) < len(ARCHITECTURE_ORDER) and colour not in colours.values():
+            colours[label] = colour
+        else:
+            rest.append(label)
+    # ten colours, nine architectures: C9 at least is always spare
+    spare = [f"C{i}" for i in range(10) if f"C{i}" not in colours.values()]
+    colours.update({label: spare[i % len(spare)] for i, label in enumerate(rest)})
+    return colours
 
 
 def _cells(result: dict, corruption: str) -> list[dict]:

@@ -41,7 +41,7 @@ from ..runs.run_dir import init_scheme_of  # noqa: E402
 from ..experiments import read_experiment  # noqa: E402
 from .html_report import html_page  # noqa: E402
 from .mqar import key_position_table, mqar_figures, mqar_rows, mqar_table, zoology_table  # noqa: E402
-from .plots import save_figure  # noqa: E402
+from .plots import architecture_colours, save_figure  # noqa: E402
 from ..training.sweep import best_learning_rate  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
@@ -179,8 +179,8 @@ SCATTER_MARKERS = "osD^vP*Xh<>p"
 
 
 def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
-    """Restoration @x against @y of every run: one colour and one hollow marker shape per model
-    (``figure_labels``: per task and depth where the rows hold several), named once in a legend beside the axes with
+    """Restoration @x against @y of every run: one colour (its architecture's, as in every figure,
+    where the models are one per architecture) and one hollow marker shape per model (``figure_labels``: per task and depth where the rows hold several), named once in a legend beside the axes with
     its number of runs. Text beside each point ran into its neighbours wherever runs sat close
     together; a legend cannot, and hollow shapes of different forms stay visible on one spot (the
     width sweep puts four models at (@query 1, @key 0)). Marker size: test accuracy."""
@@ -188,6 +188,7 @@ def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
     several_tasks = len({r.get("task") for r in rows}) > 1
     names = figure_labels(rows)
     models = sorted(set(names))
+    colours = architecture_colours(models)
     fig, ax = plt.subplots(figsize=(7.6, 5))
     if not rows:      # an empty plane says why it is empty
         ax.text(0.5, 0.5, f"no run has a restoration score @{x} and @{y}", ha="center", va="center",
@@ -195,7 +196,7 @@ def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
     for i, model in enumerate(models):
         mine = [r for r, name in zip(rows, names) if name == model]
         ax.scatter([r[f"@{x}"] for r in mine], [r[f"@{y}"] for r in mine], s=[40 + 120 * r["test_accuracy"] for r in mine],
-                   marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)], facecolors="none", edgecolors=f"C{i % 10}",
+                   marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)], facecolors="none", edgecolors=colours[model],
                    linewidths=1.6, label=model if len(mine) == 1 else f"{model} ×{len(mine)}")
     # the paper's plane is [0, 1]^2 with a margin; a run beyond it (a Transformer's @value 1.3) widens it
     xs, ys = [r[f"@{x}"] for r in rows] or [0.0], [r[f"@{y}"] for r in rows] or [0.0]
@@ -226,8 +227,9 @@ def figures(rows: list[dict], out: Path, mqar_plan: dict | None = None) -> list[
     if len(widths) > 1:
         # every run a faint point; the line through each width's chosen rate (best mean validation
         # accuracy, as the results tables choose it), at the mean test accuracy over its seeds
-        for i, label in enumerate(sorted({r["label"] for r in rows})):
-            mine, color = [r for r in rows if r["label"] == label], f"C{i % 10}"
+        colours = architecture_colours(r["label"] for r in rows)
+        for label in sorted(colours):
+            mine, color = [r for r in rows if r["label"] == label], colours[label]
             ax.scatter([r["hidden_size"] for r in mine], [100 * r["test_accuracy"] for r in mine], s=14,
                        color=color, alpha=0.35)
             line = []
@@ -292,9 +294,10 @@ def figures(rows: list[dict], out: Path, mqar_plan: dict | None = None) -> list[
         widths = sorted({str(r["conv_kernel"]) for r in kernels}, key=lambda w: (not w.isdigit(), int(w) if w.isdigit() else 0, w))
         fig, ax = plt.subplots(figsize=(6.5, 4))
         markers = "osD^vP*X"
-        for arch in sorted({r["architecture"] for r in kernels}):
+        colours = architecture_colours(r["architecture"] for r in kernels)
+        for arch in sorted(colours):           # one colour per architecture, one marker per rate
             rates = sorted({r.get("learning_rate") or 0 for r in kernels if r["architecture"] == arch})
-            color = None
+            color = colours[arch]
             for i, rate in enumerate(rates):
                 by_width: dict[int, list[float]] = {}
                 for r in kernels:
@@ -302,9 +305,8 @@ def figures(rows: list[dict], out: Path, mqar_plan: dict | None = None) -> list[
                         by_width.setdefault(widths.index(str(r["conv_kernel"])), []).append(100 * r["test_accuracy"])
                 xs = sorted(by_width)
                 # the line joins the mean over seeds at each width; each seed is a small point
-                line, = ax.plot(xs, [sum(by_width[x]) / len(by_width[x]) for x in xs], marker=markers[i % len(markers)],
-                                color=color, label=f"{arch}, lr {rate:g}")
-                color = line.get_color()          # one colour per architecture, one marker per rate
+                ax.plot(xs, [sum(by_width[x]) / len(by_width[x]) for x in xs], marker=markers[i % len(markers)],
+                        color=color, label=f"{arch}, lr {rate:g}")
                 seeds = [(x, v) for x in xs if len(by_width[x]) > 1 for v in by_width[x]]
                 if seeds:
                     ax.scatter([x for x, _ in seeds], [v for _, v in seeds], s=12, color=color, alpha=0.5)

@@ -2,7 +2,7 @@
 table with near and far labels, Zoology's Figure 2 beside ours, and the figures; from rows made
 by hand (the functions are pure functions of `mecheval report`'s rows)."""
 from hf_mecheval.experiments import read_experiment
-from hf_mecheval.reports.plots import architecture_colours
+from hf_mecheval.reports.plots import ARCHITECTURE_ORDER, architecture_colours
 from hf_mecheval.reports.mqar import (_plane_point, chosen_runs, key_position_table, mqar_figures, mqar_table,
                                      setting_accuracy, zoology_table)
 
@@ -113,9 +113,20 @@ def test_an_architecture_keeps_its_colour_whichever_others_have_landed():
     more = architecture_colours(["transformer", "h3", "based", "mamba (conv 4)", "gated_deltanet"])
     assert few == {"transformer": "C0", "mamba (conv 4)": "C2"}
     assert {k: more[k] for k in few} == few and more["gated_deltanet"] == "C8"
-    # two labels of one architecture, or one outside the nine: coloured in turn, each its own
-    assert len(set(architecture_colours(["mamba (conv 0)", "mamba (conv 4)"]).values())) == 2
-    assert architecture_colours(["hf:gpt2", "transformer"]) == {"hf:gpt2": "C0", "transformer": "C1"}
+    # two labels of one architecture: the first keeps it, the second takes the first colour no
+    # architecture drawn holds; so does a label outside the nine, and the others keep theirs
+    assert architecture_colours(["mamba (conv 0)", "mamba (conv 4)"]) == {"mamba (conv 0)": "C2", "mamba (conv 4)": "C0"}
+    assert architecture_colours(["hf:gpt2", "transformer"]) == {"hf:gpt2": "C1", "transformer": "C0"}
+    width_sweep = architecture_colours(["based", "based (positions)", "baseconv", "deltanet", "h3", "hyena",
+                                        "mamba (conv 4)", "mamba (conv 4, positions)", "transformer"])
+    assert width_sweep == {"transformer": "C0", "based": "C1", "mamba (conv 4)": "C2", "deltanet": "C3", "hyena": "C4",
+                           "h3": "C5", "baseconv": "C6", "based (positions)": "C7", "mamba (conv 4, positions)": "C8"}
+    # a figure's label with its depth after a comma is still its architecture's
+    assert architecture_colours(["transformer, 3 layers", "based, 3 layers"]) == {"transformer, 3 layers": "C0",
+                                                                                 "based, 3 layers": "C1"}
+    nine = architecture_colours(ARCHITECTURE_ORDER + ("hf:gpt2", "hf:pythia"))
+    assert [nine[a] for a in ARCHITECTURE_ORDER] == [f"C{i}" for i in range(9)]
+    assert nine["hf:gpt2"] == nine["hf:pythia"] == "C9"      # only one colour left: they share it
 
 
 def test_the_near_far_plane_reads_direct_retrieval_from_either_position(tmp_path):

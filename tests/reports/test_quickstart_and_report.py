@@ -180,6 +180,7 @@ def test_the_mechanism_plane_names_each_model_once_beside_the_axes_and_keeps_eve
     from matplotlib.colors import to_rgba
 
     from hf_mecheval.reports import report
+    from hf_mecheval.reports.plots import ARCHITECTURE_ORDER
 
     # the width sweep's picture: two models induce (@value 1), three retrieve at the query (@query 1),
     # so the runs stand in two crowds; one Transformer's @value (1.31) lies beyond the paper's plane
@@ -214,14 +215,40 @@ def test_the_mechanism_plane_names_each_model_once_beside_the_axes_and_keeps_eve
         assert seen["texts"] == []                       # no text on the plane to run into a neighbour
         assert seen["names"] == ["based ×4", "deltanet ×2", "hyena ×4", "mamba (conv 4) ×8", "transformer"]
         assert not seen["legend"].overlaps(seen["axes"]), name
-        colours = [colour for _, colour, _ in seen["points"]]
-        assert len(set(colours)) == 5                    # a colour per model
+        colours = {label.split(" ×")[0]: colour for label, colour, _ in seen["points"]}
+        # a colour per model, its architecture's as in every other figure (Transformer C0, Based C1, ...)
+        assert colours == {model: to_rgba(f"C{ARCHITECTURE_ORDER.index(model.split()[0])}")
+                           for model in ("based", "deltanet", "hyena", "mamba (conv 4)", "transformer")}
         (x0, x1), (y0, y1) = seen["limits"]
         for label, _, points in seen["points"]:
             model = label.split(" ×")[0]
             expected = sorted((r[x], r[y]) for r in rows if r["label"] == model)
             assert sorted(points) == expected, (name, label)
             assert all(x0 < px < x1 and y0 < py < y1 for px, py in points), (name, label, seen["limits"])
+
+
+def test_accuracy_against_width_draws_each_architecture_in_its_own_colour(tmp_path, monkeypatch):
+    from matplotlib.colors import to_rgba
+
+    from hf_mecheval.reports import report
+
+    # Mamba and Hyena alone: by their index in the sweep they would be C0 and C1 (the Transformer's
+    # and Based's colours in every other figure); each line takes its architecture's instead
+    rows = [{"run": f"{label}{width}", "label": label, "architecture": label.split()[0], "hidden_size": width,
+             "layers": 2, "conv_kernel": None, "task": "ar_32", "learning_rate": 1e-3, "seed": 0,
+             "test_accuracy": accuracy, "validation_accuracy": accuracy, "mechanism": None}
+            for label, accuracies in (("hyena", (0.2, 0.3)), ("mamba (conv 4)", (0.7, 0.9)))
+            for width, accuracy in zip((64, 256), accuracies)]
+    lines, save = {}, report.save_figure
+
+    def keep_lines(fig, path):
+        if path.name == "accuracy.png":
+            lines.update({line.get_label(): (to_rgba(line.get_color()), list(line.get_ydata()))
+                          for line in fig.axes[0].get_lines()})
+        return save(fig, path)
+    monkeypatch.setattr(report, "save_figure", keep_lines)
+    report.figures(rows, tmp_path)
+    assert lines == {"hyena": (to_rgba("C4"), [20.0, 30.0]), "mamba (conv 4)": (to_rgba("C2"), [70.0, 90.0])}
 
 
 def test_the_layer_heatmap_orders_runs_by_rate_as_a_number_not_by_run_name():
