@@ -36,8 +36,9 @@ def architecture_colours(labels) -> dict[str, str]:
     labels = sorted(set(labels))
     colours, rest = {}, []
     for label in labels:
-        colour = f"C{architecture_rank(label)}"
-        if architecture_rank(label) < len(ARCHITECTURE_ORDER) and colour not in colours.values():
+        rank = architecture_rank(label)
+        colour = f"C{rank}"
+        if rank < len(ARCHITECTURE_ORDER) and colour not in colours.values():
             colours[label] = colour
         else:
             rest.append(label)

@@ -179,9 +179,10 @@ SCATTER_MARKERS = "osD^vP*Xh<>p"
 
 
 def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
-    """Restoration @x against @y of every run: one colour (its architecture's, as in every figure,
-    where the models are one per architecture) and one hollow marker shape per model (``figure_labels``: per task and depth where the rows hold several), named once in a legend beside the axes with
-    its number of runs. Text beside each point ran into its neighbours wherever runs sat close
+    """Restoration @x against @y of every run: one colour (its architecture's, as in every figure;
+    ``architecture_colours``) and one hollow marker shape per model (``figure_labels``: per task and
+    depth where the rows hold several), named once in a legend beside the axes with its number of
+    runs. Text beside each point ran into its neighbours wherever runs sat close
     together; a legend cannot, and hollow shapes of different forms stay visible on one spot (the
     width sweep puts four models at (@query 1, @key 0)). Marker size: test accuracy."""
     rows = [r for r in rows if r.get(f"@{x}") is not None and r.get(f"@{y}") is not None]
