@@ -388,3 +388,23 @@ def test_points_that_would_hide_each_other_are_set_side_by_side():
     assert placed["d"] == [(64, 0.0)] and placed["b"][1] == (256, 0.5)   # alone: where it was
     two = _dodge({"x": [(32, 0.0)], "y": [(32, 0.0)]}, close=0.0, step=0.2)
     assert [p for (p, _), in two.values()] == [pytest.approx(32 * 2 ** -0.1), pytest.approx(32 * 2 ** 0.1)]
+
+
+def test_an_ablation_line_breaks_over_a_kernel_its_width_never_ran(results, tmp_path, monkeypatch):
+    # width 64 has only kernels 3 and long, width 256 has 1-4 and long: the 64 line must not draw a
+    # segment from 3 to long over the 4 it never ran
+    results["ref_recipe_ablations"] = sweep_rows("reference/recipe_ablations")
+    results["ref_width_ablations"] = sweep_rows("reference/width_ablations")
+    drawn = {}
+
+    def keep(fig, path, *a, **k):
+        drawn["fig"] = fig
+        return path
+    import hf_mecheval.reports.reference_figures as reference_figures
+    monkeypatch.setattr(reference_figures, "save_figure", keep)
+    grid_figures(results, tmp_path)
+    (ax,) = [ax for ax in drawn["fig"].axes if ax.get_title().startswith("based")]
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    # axis: 1, 2, 3, 4, long
+    assert [y == y for y in lines["width 64"]] == [False, False, True, False, True]
+    assert [y == y for y in lines["width 256"]] == [True, True, True, True, True]
