@@ -48,6 +48,13 @@ def architecture_colours(labels) -> dict[str, str]:
     return colours
 
 
+def broken_line(values: dict[int, float], n: int) -> list[float]:
+    """``values`` (axis position -> value) over the positions 0 .. n-1, NaN where a position has
+    none: matplotlib breaks a line at NaN, so it never joins two points over a position that line
+    has no run at (a short-convolution width it never trained)."""
+    return [values.get(x, float("nan")) for x in range(n)]
+
+
 def _cells(result: dict, corruption: str) -> list[dict]:
     return result["corruptions"][corruption]["cells"]
 

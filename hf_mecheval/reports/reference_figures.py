@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .plots import save_figure  # noqa: E402
+from .plots import broken_line, save_figure  # noqa: E402
 from .reference_setting import (EARLIER_RECIPE, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,  # noqa: E402
                                 REFERENCE_RECIPE, Selection, _recipe_order, _side_by_side, _width, table_rows)
 
@@ -115,16 +115,13 @@ def conv_width_panels(panels: dict[str, list[tuple[str, str, list[tuple[int, Sel
     """One panel per architecture (``panels``: arch -> lines of (name, colour, [(short-conv width,
     selection)])): each line through the chosen rate's mean accuracy by short-convolution width
     (99 = "long"), its seeds as points, the paper's width-256 figures for Mamba as black bars. A line
-    is broken where a width on the axis has no run of its own, so it never joins two points over a
-    kernel that line never ran."""
+    is broken where it has no run at a width on the axis (``broken_line``)."""
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.4 * max(1, len(panels)), 4.2), squeeze=False)
     for ax, (arch, lines) in zip(axes[0], panels.items()):
         widths = sorted({w for _, _, pts in lines for w, _ in pts})
         for name, colour, pts in lines:
             pts = sorted((widths.index(w), sel) for w, sel in pts)
-            mean = {p: 100 * s.accuracy() for p, s in pts}
-            # NaN at a missing width: matplotlib breaks the line there and keeps the markers
-            ax.plot(range(len(widths)), [mean.get(p, float("nan")) for p in range(len(widths))],
+            ax.plot(range(len(widths)), broken_line({p: 100 * s.accuracy() for p, s in pts}, len(widths)),
                     marker="o", color=colour, label=name)
             for p, s in pts:
                 ax.scatter([p] * len(s.best), [100 * r["test_accuracy"] for r in s.best], color=colour, alpha=0.4, s=14)

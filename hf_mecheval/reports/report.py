@@ -41,7 +41,7 @@ from ..runs.run_dir import init_scheme_of  # noqa: E402
 from ..experiments import read_experiment  # noqa: E402
 from .html_report import html_page  # noqa: E402
 from .mqar import key_position_table, mqar_figures, mqar_rows, mqar_table, zoology_table  # noqa: E402
-from .plots import architecture_colours, save_figure  # noqa: E402
+from .plots import architecture_colours, broken_line, save_figure  # noqa: E402
 from ..training.sweep import best_learning_rate  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
@@ -305,9 +305,10 @@ def figures(rows: list[dict], out: Path, mqar_plan: dict | None = None) -> list[
                     if r["architecture"] == arch and (r.get("learning_rate") or 0) == rate:
                         by_width.setdefault(widths.index(str(r["conv_kernel"])), []).append(100 * r["test_accuracy"])
                 xs = sorted(by_width)
-                # the line joins the mean over seeds at each width; each seed is a small point
-                ax.plot(xs, [sum(by_width[x]) / len(by_width[x]) for x in xs], marker=markers[i % len(markers)],
-                        color=color, label=f"{arch}, lr {rate:g}")
+                # the line joins the mean over seeds at each width, broken where this rate has no
+                # run; each seed is a small point
+                ax.plot(range(len(widths)), broken_line({x: sum(v) / len(v) for x, v in by_width.items()}, len(widths)),
+                        marker=markers[i % len(markers)], color=color, label=f"{arch}, lr {rate:g}")
                 seeds = [(x, v) for x in xs if len(by_width[x]) > 1 for v in by_width[x]]
                 if seeds:
                     ax.scatter([x for x, _ in seeds], [v for _, v in seeds], s=12, color=color, alpha=0.5)

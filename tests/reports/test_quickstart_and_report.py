@@ -251,6 +251,29 @@ def test_accuracy_against_width_draws_each_architecture_in_its_own_colour(tmp_pa
     assert lines == {"hyena": (to_rgba("C4"), [20.0, 30.0]), "mamba (conv 4)": (to_rgba("C2"), [70.0, 90.0])}
 
 
+def test_the_short_convolution_figure_breaks_a_rates_line_where_that_rate_has_no_run(tmp_path, monkeypatch):
+    from hf_mecheval.reports import report
+
+    # Mamba: kernels 0, 2, 4 at 1e-2 and 1, 3 at 3e-3 (seeds 0 and 1 at 3); no line may join two
+    # points over a kernel its rate never ran
+    rows = [{"run": f"k{k}s{seed}", "label": f"mamba (conv {k})", "architecture": "mamba", "hidden_size": 64,
+             "layers": 2, "conv_kernel": k, "task": "ar_32", "learning_rate": lr, "seed": seed,
+             "test_accuracy": accuracy, "validation_accuracy": accuracy, "mechanism": None}
+            for k, lr, seed, accuracy in ((0, 1e-2, 0, 0.0), (2, 1e-2, 0, 0.7), (4, 1e-2, 0, 0.9),
+                                          (1, 3e-3, 0, 0.1), (3, 3e-3, 0, 0.8), (3, 3e-3, 1, 0.6))]
+    lines, save = {}, report.save_figure
+
+    def keep_lines(fig, path):
+        if path.name == "conv_kernel.png":
+            lines.update({line.get_label(): [round(y, 6) if y == y else None for y in line.get_ydata()]
+                          for line in fig.axes[0].get_lines()})
+        return save(fig, path)
+    monkeypatch.setattr(report, "save_figure", keep_lines)
+    report.figures(rows, tmp_path)
+    assert lines == {"mamba, lr 0.01": [0.0, None, 70.0, None, 90.0],
+                     "mamba, lr 0.003": [None, 10.0, None, 70.0, None]}
+
+
 def test_the_layer_heatmap_orders_runs_by_rate_as_a_number_not_by_run_name():
     from hf_mecheval.reports.report import in_run_order
 
