@@ -646,7 +646,7 @@ class H3MechEvalV1(H3):
 
     def __init__(self, config, layer_idx: int):
         super().__init__(config, layer_idx)
-        D, N, P = self.hidden_size, self.d_state, self.head_dim
+        D, N = self.hidden_size, self.d_state
         # the SSM parameters exist per model channel (h, j) and are shared across the key index i
         C = D
 

@@ -36,7 +36,7 @@ from ..errors import MechEvalError  # noqa: E402
 from ..atomic_files import write_text_atomic  # noqa: E402
 from ..runs.manifest import claim_output_folder, recording
 from ..runs import RunDir  # noqa: E402
-from ..runs.files import distance_summary, format_score, last_layer_summary, run_seconds  # noqa: E402
+from ..runs.files import distance_summary, format_score, last_layer_summary  # noqa: E402
 from ..runs.run_dir import init_scheme_of  # noqa: E402
 from ..experiments import read_experiment  # noqa: E402
 from .html_report import html_page  # noqa: E402

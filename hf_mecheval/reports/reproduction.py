@@ -23,17 +23,17 @@ from ..errors import MechEvalError
 from ..atomic_files import write_text_atomic
 from ..inputs import read_json
 from ..metrics.mechanism import relabel
-from ..runs.files import format_score, run_seconds
+from ..runs.files import RESULT_ROWS, format_score, run_seconds
 from ..experiments import read_experiment
 from .mqar import key_position_table, mqar_table, zoology_table
 from .paper_grid import GRID_SWEEPS, grid_figures, grid_tables
 from .reference_figures import reference_figures
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, args_label, planned_runs, reference_tables
 from .report import figures
-from ..runs.files import RESULT_ROWS
 
-MQAR_SWEEPS = ("cpu_mqar", "cpu_mqar_zoology")
-SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr") + REFERENCE_SWEEPS + GRID_SWEEPS + MQAR_SWEEPS
+# each MQAR results folder and the packaged sweep file behind it
+MQAR_SWEEPS = {"cpu_mqar": "cpu/mqar", "cpu_mqar_zoology": "cpu/mqar_zoology"}
+SWEEPS = ("cpu_ar", "cpu_ablations", "cpu_atr") + REFERENCE_SWEEPS + GRID_SWEEPS + tuple(MQAR_SWEEPS)
 
 
 def load_results(results_dir: str | Path) -> dict[str, list[dict]]:
@@ -200,10 +200,6 @@ def mqar_tables(results: dict[str, list[dict]]) -> dict[str, str]:
         tables["mqar_zoology"] = zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"], plan)
         tables["mqar_zoology_mechanism"] = mqar_table(rows, plan)
     return {name: table for name, table in tables.items() if table}
-
-
-# the packaged sweep file behind each MQAR results folder
-MQAR_SWEEPS = {"cpu_mqar": "cpu/mqar", "cpu_mqar_zoology": "cpu/mqar_zoology"}
 
 
 def mqar_plan(sweep: str) -> dict | None:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import json
 import os
 import statistics

@@ -2,8 +2,6 @@
 import hashlib
 import subprocess
 
-import pytest
-
 from hf_mecheval.runs.code_version import PACKAGE, code_version, git_state, source_digest, source_files
 
 

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from torch.nn import functional as F
 from transformers import TrainingArguments
 
 import hf_mecheval  # noqa: F401
