@@ -305,6 +305,35 @@ def test_the_readme_findings_quote_figures_the_reproduction_tables_hold():
     assert not [f for f in figures if f not in cells], "README figures no table holds"
 
 
+def test_the_parameter_counts_docs_models_gives_are_the_models_built_here():
+    """docs/models.md's parameter counts (vocabulary 26, 2 layers, no positions, hidden 64 / 128 /
+    256), in the default forms and in BaseConv's, H3's and Hyena's `mecheval-v1` forms, are what
+    build_model makes today: a mixer that gains or loses a parameter leaves the page behind."""
+    from hf_mecheval.models import build_model
+
+    text = " ".join((ROOT / "docs" / "models.md").read_text().split())
+    defaults = text.split("Parameter counts (vocabulary 26, 2 layers, no positions, default forms, hidden 64 / 128 / 256): ")[1]
+    defaults = defaults.split("; the Transformer")[0]
+    names = {"Based": "based", "BaseConv": "baseconv", "H3": "h3", "Hyena": "hyena", "Mamba": "mamba",
+             "DeltaNet": "deltanet", "Mamba-2": "mamba2", "Gated DeltaNet": "gated_deltanet"}
+    number = r"(\d{1,3}(?:,\d{3})*)"
+    quoted = {}
+    for name, *counts in re.findall(rf"([A-Z][\w -]*?) {number} / {number} / {number}", defaults):
+        quoted[(names[name], None)] = counts
+    old = re.search(rf"forms of BaseConv, H3 and Hyena .*? have {number} / {number} / {number}, "
+                    rf"{number} / {number} / {number} and {number} / {number} / {number}\.", text).groups()
+    forms = {"baseconv": "long_conv_form", "h3": "ssm_form", "hyena": "filter_form"}
+    for i, arch in enumerate(forms):
+        quoted[(arch, "mecheval-v1")] = list(old[3 * i:3 * i + 3])
+    assert {arch for arch, form in quoted if form is None} == set(names.values())
+    def count(arch, form, width):
+        model = build_model(arch, vocab_size=26, num_hidden_layers=2, hidden_size=width,
+                            **({forms[arch]: form} if form else {}))
+        return f"{sum(p.numel() for p in model.parameters()):,}"
+
+    assert {key: [count(*key, width) for width in (64, 128, 256)] for key in quoted} == quoted
+
+
 def test_the_command_reference_names_every_command_and_flag():
     from hf_mecheval.training.arguments import DataArguments, ModelArguments, RunArguments
 
