@@ -1,10 +1,12 @@
 """Model cards: a ``README.md`` with YAML metadata beside every saved model.
 
 Metadata: library name (transformers: the model loads with ``AutoModelForCausalLM`` and
-``trust_remote_code=True``, or without it once hf-mecheval is imported), the text-generation
-pipeline tag, tags, the task as dataset (with its config), a ``model-index`` with the test and
-validation accuracy and — once ``mecheval evaluate`` ran — the restoration scores at the last
-layer's input and the mechanism label. The text comes from ``model_card_template.md`` beside this file.
+``trust_remote_code=True``, or without it once hf-mecheval is imported; a plug-in's model once
+the plug-in is registered; transformers' own models as they are), the text-generation pipeline
+tag, tags, the task as dataset (with its config), a ``model-index`` with the test and validation
+accuracy and — once ``mecheval evaluate`` ran — the restoration scores at the last layer's input
+on the grid's split and the mechanism label. A run that failed (it diverged) says so. The text
+comes from ``model_card_template.md`` beside this file.
 """
 from __future__ import annotations
 
@@ -38,24 +40,28 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
                           metric_name="test accuracy", **common),
                EvalResult(metric_type="accuracy", metric_value=final["validation_accuracy"],
                           dataset_split="validation", metric_name="validation accuracy", **common)]
-    mechanism = "Not evaluated yet: run `mecheval evaluate` on the run directory."
+    failure = final.get("failed")
+    mechanism = ("No intervention grid: the run failed." if failure else
+                 "Not evaluated yet: run `mecheval evaluate` on the run directory.")
     extra = {}
     result = run.interventions()
     if result is not None:
         row = last_layer_summary(result)
+        split = result.get("run", {}).get("split", "test")
         for p in ("key", "value", "query"):
             if row[f"@{p}"] is not None:
                 results.append(EvalResult(metric_type="restoration", metric_value=round(row[f"@{p}"], 4),
-                                          dataset_split="test", metric_name=f"restoration @{p} (last layer input, "
-                                                                            f"key corrupted)", **common))
+                                          dataset_split=split, metric_name=f"restoration @{p} (last layer input, "
+                                                                           f"key corrupted)", **common))
         extra["mechanism"] = row["mechanism"]
-        mechanism = (f"Key corrupted, residual stream patched at the input of the last layer: restoration "
+        mechanism = (f"Key corrupted on {split} documents, residual stream patched at the input of the last layer: restoration "
                      f"@key {format_score(row['@key'])}, @value {format_score(row['@value'])}, @query {format_score(row['@query'])}. Label: "
                      f"**{row['mechanism']}** ({row['confidence']} confidence) — {row['reason']}.")
     name = repo_id or run.name
-    native = is_native(model.get("architecture") or "")     # transformers' own model: no remote code
+    loading, plugin_package = _loading(model.get("architecture") or "")
     data = ModelCardData(library_name="transformers", license="apache-2.0", model_name=name,
-                         tags=["hf-mecheval", "mechanistic-interpretability", *([] if native else ["custom_code"]),
+                         tags=["hf-mecheval", "mechanistic-interpretability",
+                               *(["custom_code"] if loading == "remote_code" else []),
                                model.get("model_type", ""),
                                task["preset"]],
                          datasets=[dataset], metrics=["accuracy"], eval_results=results, pipeline_tag="text-generation",
@@ -65,10 +71,10 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         model_type=model.get("model_type"), num_layers=model.get("num_hidden_layers"),
         hidden_size=model.get("hidden_size"), vocab_size=model.get("vocab_size"), task=task["preset"],
         task_config=json.dumps(task["config"]), train_size=task.get("train_size"), dataset_seed=task.get("dataset_seed"),
-        learning_rate=record["training"].get("learning_rate"), epochs=final.get("epochs"),
+        learning_rate=record["training"].get("learning_rate"), epochs=_epochs(final.get("epochs")),
         seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
         test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or shown_path(run.path),
-        native=native, **_example(task))
+        failure=failure, loading=loading, plugin_package=plugin_package, **_example(task))
     path = run.path / RunDir.CARD
     write_run_file(run.path, RunDir.CARD, str(card))
     return path
@@ -84,6 +90,29 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
+def _epochs(epochs: float | None) -> str:
+    """16.0 -> "16"; a run stopped part-way (6.014075...) -> "6.01"."""
+    return "?" if epochs is None else f"{epochs:.2f}".rstrip("0").rstrip(".")
+
+
+def _loading(architecture: str) -> tuple[str, str]:
+    """How the card loads the model, and the plug-in package where it is one: ("native", "") for
+    transformers' own models (``hf:...``), ("plugin", package) for an architecture from another
+    package (its checkpoint carries no code, ``complete_for_hub``), else ("remote_code", "")."""
+    from ..errors import ConfigError
+    from ..models import get_architecture
+
+    if is_native(architecture):
+        return "native", ""
+    try:
+        spec = get_architecture(architecture)          # loads the plug-ins if it is not registered yet
+    except ConfigError:
+        spec = None
+    if spec is not None and not spec.builtin:
+        return "plugin", spec.package
+    return "remote_code", ""
+
+
 def _task_kind(preset: str) -> str:
     """ar, atr or mqar: the kind of task a preset is (a preset this version does not know: by its name)."""
     from ..tasks.presets import PRESETS
@@ -95,7 +124,7 @@ def _task_kind(preset: str) -> str:
 
 def _example(task_record: dict) -> dict:
     """The card's example: the shortest of a few test documents of the run's task, as text (with
-    one answer per query: up to its first query)."""
+    one answer per query: up to its first query), its right answer, and the tokens the card names."""
     from ..tasks.presets import get_preset, task_from_dict
 
     task = task_from_dict(get_preset(task_record["preset"]).task, task_record["config"])
@@ -103,7 +132,11 @@ def _example(task_record: dict) -> dict:
     doc = data.document(int(data.lengths.argmin()))
     names = task.token_names()
     vocabulary = ", ".join(f"`{prefix}0`… ({name}s)" for name, prefix in task.token_prefixes.items())
-    return {"vocabulary": vocabulary, "example_prompt": " ".join(names[t] for t in doc["input_ids"][:doc["answer_pos"]]),
+    # <pad>, <bos>, <eos> (and MQAR's <blank>); not the ids that pad the vocabulary to the reference's size
+    special = [f"`{n}`" for n in names if n.startswith("<") and not n.startswith("<unused")]
+    return {"vocabulary": vocabulary, "special_tokens": ", ".join(special),
+            "task_kind": _task_kind(task_record["preset"]),
+            "example_prompt": " ".join(names[t] for t in doc["input_ids"][:doc["answer_pos"]]),
             "example_answer": names[doc["answer"]]}
 
 

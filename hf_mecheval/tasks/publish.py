@@ -325,8 +325,10 @@ def dataset_card(entries: list[dict]) -> str:
             "query. `answer`, `key_pos`, `value_pos`, `query_pos` and `answer_pos` are lists there, one entry per "
             "query in the order the queries occur (no `divider_pos`), `labels` carries every answer (at "
             "`answer_pos = query_pos + 1`; the input token there is filler, the value is never shown), and "
-            "`num_pairs` and `seq_len` are the document's setting (Zoology's slices). Token ids: 3 is the blank "
-            "filler, keys are 4 .. V/2 - 1, values V/2 .. V - 1.",
+            "`num_pairs` and `seq_len` are the document's setting (Zoology's slices). Token ids: 3 is the blank, "
+            "keys are 4 .. V/2 - 1, values V/2 .. V - 1; the filler is drawn uniformly from ids 3 .. V - 1 (the "
+            "blank, keys and values: Zoology's `random_non_queries`), or is the blank alone in the presets whose "
+            "`random_filler` is false (Zoology's single settings `mqar_64_4`, `mqar_128_8`, `mqar_256_16`).",
             "",
         ]
     lines += [

@@ -157,7 +157,7 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise MechEvalError("the ray launcher needs Ray: pip install 'hf-mecheval[ray]'") from None
+        raise MechEvalError("the ray launcher needs Ray: pip install 'ray[default]' (hf-mecheval's [ray] extra)") from None
     return ray
 
 

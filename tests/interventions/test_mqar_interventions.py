@@ -97,6 +97,8 @@ def test_evaluate_counts_queries_and_labels_near_and_far(mqar_run, capsys):
     # the model card names MQAR's dataset and carries the near and far run's label
     card = (mqar_run / "README.md").read_text()
     assert "- mecheval/mqar\n" in card and result["mechanism"]["label"] in card
+    # MQAR's layout: a blank token, many queries, no document-ending query
+    assert "`<blank>`" in card and "query region" in card and "A document ends with the query" not in card
 
 
 def test_the_evaluate_metric_takes_query_distances():

@@ -3,6 +3,7 @@
 hf-mecheval; its checkpoint names the plug-in where it is missing."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -31,6 +32,15 @@ def test_train_and_evaluate_a_plugin_architecture_from_the_command_line(tmp_path
     assert config["model_type"] == MODEL_TYPE and config["mecheval_plugin"] == "mecheval-cummean"
     assert "auto_map" not in config and not (run / "modeling_mecheval.py").exists()
     assert json.loads((run / "run.json").read_text())["model"]["architecture"] == ARCHITECTURE
+    # its model card loads it through the plug-in, not through remote code, and its code runs
+    card = (run / "README.md").read_text()
+    assert "trust_remote_code" not in card and "custom_code" not in card and "`mecheval-cummean`" in card
+    snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    loaded = subprocess.run([sys.executable, "-c", snippet + "\nprint(generate.model.config.model_type)"],
+                            capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    assert loaded.returncode == 0 and loaded.stdout.split()[-1] == MODEL_TYPE, loaded.stderr[-3000:]
     evaluated = mecheval("evaluate", run, "-n", "8", pythonpath=plugin)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     grid = json.loads((run / "interventions" / "interventions.json").read_text())

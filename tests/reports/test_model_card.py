@@ -28,6 +28,8 @@ def test_card_is_written_after_training(run_dir):
     assert card.data.pipeline_tag == "text-generation" and "custom_code" in card.data.tags
     assert 'pipeline("text-generation"' in card.text and "trust_remote_code=True" in card.text
     assert "<bos> t" in card.text                   # an example document as text
+    assert "`<pad>`, `<bos>`, `<eos>` and `t0`… (terminals)" in card.text and "A document ends with the query" in card.text
+    assert "pypi.org" not in card.text and "pip install hf-mecheval" not in card.text      # not published there
     results = card.data.eval_results
     test = next(r for r in results if r.dataset_split == "test" and r.metric_type == "accuracy")
     assert test.metric_value == final["test_accuracy"] and test.dataset_config == "atr_easy"
@@ -92,6 +94,32 @@ def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
     # text in, text out, as the model card shows it
     out = pipeline("text-generation", model=str(pushed))("<bos> t3 t5 t3 <eos> t5")[0]["generated_text"]
     assert out.startswith("<bos> t3 t5 t3 <eos> t5 ") and len(out.split()) == 7      # one answer token
+
+
+def test_a_failed_run_says_so_and_a_grid_on_another_split_is_labelled_with_it(run_dir, tmp_path, monkeypatch):
+    from hf_mecheval.reports.evaluate_run import evaluate_run
+
+    failed = shutil.copytree(run_dir, tmp_path / "failed", ignore=shutil.ignore_patterns("interventions"))
+    metrics = json.loads((failed / "metrics.json").read_text())
+    metrics["final"]["failed"] = "it diverged: its weights held NaN or infinity at step 3, where it stopped"
+    (failed / "metrics.json").write_text(json.dumps(metrics))
+    model_card.write_model_card(failed)
+    text = ModelCard.load(failed / "README.md").text
+    assert "**Failed:** it diverged: its weights held NaN or infinity at step 3" in text
+    assert "Not evaluated yet" not in text and "mecheval evaluate RUN_DIR" not in text    # no grid to make
+
+    validation = shutil.copytree(run_dir, tmp_path / "validation", ignore=shutil.ignore_patterns("interventions"))
+    evaluate_run(validation, n=16, split="validation", n_resamples=20, progress=False)
+    # the tiny model's key hardly moves its logits (no restoration to quote): the card is written
+    # again with the grid's summary standing in for a model that has one
+    summary = {"@key": 0.0, "@value": 1.0, "@query": 0.0, "mechanism": "induction", "confidence": "high",
+               "reason": "restored at the value"}
+    monkeypatch.setattr(model_card, "last_layer_summary", lambda result: summary)
+    model_card.write_model_card(validation)
+    card = ModelCard.load(validation / "README.md")
+    restoration = [r for r in card.data.eval_results if r.metric_type == "restoration"]
+    assert restoration and {r.dataset_split for r in restoration} == {"validation"}
+    assert "Key corrupted on validation documents" in card.text and "**Failed:**" not in card.text
 
 
 def test_card_needs_a_finished_run(tmp_path):

@@ -247,7 +247,7 @@ def _socket_inodes(pid: int) -> set[str]:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None or not sys.platform.startswith("linux"),
-                    reason="Ray is not installed (pip install 'hf-mecheval[ray]'); the local launcher is tested above")
+                    reason="Ray is not installed (the [ray] extra); the local launcher is tested above")
 def test_ray_launcher_runs_a_two_run_sweep_closed_to_the_network(tmp_path):
     """A local Ray cluster listens on every interface whatever it is told; the launcher starts it
     in a loopback-only network namespace. Watched from here while the sweep runs, its servers
