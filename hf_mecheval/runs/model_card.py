@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from ..adapters.native_config import is_native
+from ..errors import ConfigError, MechEvalError
 from .files import format_score, last_layer_summary
 from .run_dir import RunDir, read_model_config
 from .manifest import write_run_file
@@ -99,7 +100,6 @@ def _loading(architecture: str) -> tuple[str, str]:
     """How the card loads the model, and the plug-in package where it is one: ("native", "") for
     transformers' own models (``hf:...``), ("plugin", package) for an architecture from another
     package (its checkpoint carries no code, ``complete_for_hub``), else ("remote_code", "")."""
-    from ..errors import ConfigError
     from ..models import get_architecture
 
     if is_native(architecture):
@@ -147,6 +147,9 @@ def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
     check_repo_id(repo_id)
     run = RunDir(run_dir)
     run.require("config.json", "model.safetensors", RunDir.RECORD, RunDir.METRICS)
+    failure = run.metrics()["final"].get("failed")
+    if failure:         # a diverged run's weights hold NaN or infinity: nothing anyone could load and use
+        raise MechEvalError(f"{run_dir} is a failed run ({failure}): its weights are not a model to push")
     complete_for_hub(run_dir)
     write_model_card(run, repo_id)
     api = create_repo(repo_id, private=private, what=f"push {run_dir} to {repo_id}")

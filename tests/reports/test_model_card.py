@@ -107,6 +107,8 @@ def test_a_failed_run_says_so_and_a_grid_on_another_split_is_labelled_with_it(ru
     text = ModelCard.load(failed / "README.md").text
     assert "**Failed:** it diverged: its weights held NaN or infinity at step 3" in text
     assert "Not evaluated yet" not in text and "mecheval evaluate RUN_DIR" not in text    # no grid to make
+    with pytest.raises(MechEvalError, match="is a failed run .*it diverged.*not a model to push"):
+        model_card.push_run(failed, "mecheval/diverged")       # refused before anything reaches the Hub
 
     validation = shutil.copytree(run_dir, tmp_path / "validation", ignore=shutil.ignore_patterns("interventions"))
     evaluate_run(validation, n=16, split="validation", n_resamples=20, progress=False)
