@@ -42,7 +42,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
                EvalResult(metric_type="accuracy", metric_value=final["validation_accuracy"],
                           dataset_split="validation", metric_name="validation accuracy", **common)]
     failure = final.get("failed")
-    mechanism = ("No intervention grid: the run failed." if failure else
+    mechanism = ("No intervention grid: its training failed." if failure else
                  "Not evaluated yet: run `mecheval evaluate` on the run directory.")
     extra = {}
     result = run.interventions()

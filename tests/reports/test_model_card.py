@@ -105,7 +105,7 @@ def test_a_failed_run_says_so_and_a_grid_on_another_split_is_labelled_with_it(ru
     (failed / "metrics.json").write_text(json.dumps(metrics))
     model_card.write_model_card(failed)
     text = ModelCard.load(failed / "README.md").text
-    assert "**Failed:** it diverged: its weights held NaN or infinity at step 3" in text
+    assert "**Training failed:** it diverged: its weights held NaN or infinity at step 3" in text
     assert "Not evaluated yet" not in text and "mecheval evaluate RUN_DIR" not in text    # no grid to make
     with pytest.raises(MechEvalError, match="is a failed run .*it diverged.*not a model to push"):
         model_card.push_run(failed, "mecheval/diverged")       # refused before anything reaches the Hub
@@ -121,7 +121,7 @@ def test_a_failed_run_says_so_and_a_grid_on_another_split_is_labelled_with_it(ru
     card = ModelCard.load(validation / "README.md")
     restoration = [r for r in card.data.eval_results if r.metric_type == "restoration"]
     assert restoration and {r.dataset_split for r in restoration} == {"validation"}
-    assert "Key corrupted on validation documents" in card.text and "**Failed:**" not in card.text
+    assert "Key corrupted on validation documents" in card.text and "**Training failed:**" not in card.text
 
 
 def test_card_needs_a_finished_run(tmp_path):
