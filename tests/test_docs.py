@@ -308,8 +308,9 @@ def test_the_readme_findings_quote_figures_the_reproduction_tables_hold():
 def test_the_parameter_counts_docs_models_gives_are_the_models_built_here():
     """docs/models.md's parameter counts (vocabulary 26, 2 layers, no positions, hidden 64 / 128 /
     256), in the default forms and in BaseConv's, H3's and Hyena's `mecheval-v1` forms, are what
-    build_model makes today: a mixer that gains or loses a parameter leaves the page behind."""
-    from hf_mecheval.models import build_model
+    the models have today (counted on the meta device): a mixer that gains or loses a parameter
+    leaves the page behind."""
+    from hf_mecheval.models import count_parameters, model_classes
 
     text = " ".join((ROOT / "docs" / "models.md").read_text().split())
     defaults = text.split("Parameter counts (vocabulary 26, 2 layers, no positions, default forms, hidden 64 / 128 / 256): ")[1]
@@ -326,10 +327,11 @@ def test_the_parameter_counts_docs_models_gives_are_the_models_built_here():
     for i, arch in enumerate(forms):
         quoted[(arch, "mecheval-v1")] = list(old[3 * i:3 * i + 3])
     assert {arch for arch, form in quoted if form is None} == set(names.values())
+
     def count(arch, form, width):
-        model = build_model(arch, vocab_size=26, num_hidden_layers=2, hidden_size=width,
-                            **({forms[arch]: form} if form else {}))
-        return f"{sum(p.numel() for p in model.parameters()):,}"
+        config = model_classes(arch)[0](vocab_size=26, num_hidden_layers=2, hidden_size=width,
+                                        **({forms[arch]: form} if form else {}))
+        return f"{count_parameters(config):,}"
 
     assert {key: [count(*key, width) for width in (64, 128, 256)] for key in quoted} == quoted
 

@@ -34,7 +34,8 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
     record, metrics = run.finished_run()
     final = metrics["final"]
     model, task = record["model"], record["task"]
-    dataset = f"mecheval/{_task_kind(task['preset'])}"      # where dataset_scripts/ publish each kind
+    task_kind = _task_kind(task["preset"])
+    dataset = f"mecheval/{task_kind}"      # where dataset_scripts/ publish each kind
     common = dict(task_type="text-generation", task_name="in-context retrieval", dataset_type=dataset,
                   dataset_name=task["preset"], dataset_config=task["preset"], dataset_args=task["config"])
     results = [EvalResult(metric_type="accuracy", metric_value=final["test_accuracy"], dataset_split="test",
@@ -75,7 +76,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         learning_rate=record["training"].get("learning_rate"), epochs=_epochs(final.get("epochs")),
         seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
         test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or shown_path(run.path),
-        failure=failure, loading=loading, plugin_package=plugin_package, **_example(task))
+        failure=failure, loading=loading, plugin_package=plugin_package, task_kind=task_kind, **_example(task))
     path = run.path / RunDir.CARD
     write_run_file(run.path, RunDir.CARD, str(card))
     return path
@@ -135,7 +136,6 @@ def _example(task_record: dict) -> dict:
     # <pad>, <bos>, <eos> (and MQAR's <blank>); not the ids that pad the vocabulary to the reference's size
     special = [f"`{n}`" for n in names if n.startswith("<") and not n.startswith("<unused")]
     return {"vocabulary": vocabulary, "special_tokens": ", ".join(special),
-            "task_kind": _task_kind(task_record["preset"]),
             "example_prompt": " ".join(names[t] for t in doc["input_ids"][:doc["answer_pos"]]),
             "example_answer": names[doc["answer"]]}
 
@@ -162,7 +162,6 @@ def complete_for_hub(run_dir: str | Path) -> None:
     wrote it: the model's code with the ``auto_map`` in config.json (``save_remote_code``), and
     the tokenizer of the run's task."""
     from ..models import auto_map, require_checkpoint_architecture, save_remote_code
-    from ..models.registry import spec_for_config
     from ..tasks.presets import get_preset, task_from_dict
     from ..tasks.tokenizer import build_tokenizer
 
@@ -171,9 +170,8 @@ def complete_for_hub(run_dir: str | Path) -> None:
     require_checkpoint_architecture(run_dir)
     config = read_model_config(run_dir)
     # transformers' own models (hf:...) need no code beside the weights, a plug-in's model needs
-    # its package rather than remote code: only built-in architectures carry theirs
-    native = is_native(record["model"].get("architecture") or "")
-    if not native and spec_for_config(type(config)).builtin:
+    # its package rather than remote code: only built-in architectures carry theirs (_loading)
+    if _loading(record["model"].get("architecture") or "")[0] == "remote_code":
         if getattr(config, "auto_map", None) != auto_map(type(config)):
             config.auto_map = auto_map(type(config))
             config.save_pretrained(run_dir)
