@@ -167,18 +167,22 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from .runs.files import GridSettings
     from .training.command_line import values_as_flags
     from .training.sweep import Sweep, format_table, launch, results_table, collect, write_results
 
     sweep = Sweep.load(args.file)
+    if args.n is not None and not args.grid:
+        raise MechEvalError("-n goes with --grid (the documents of the intervention grid)")
     if args.dry_run:
         runs = sweep.select(args.only)
         for run in runs:
             print(run.name, " ".join(values_as_flags(run.args)))
         print(f"{len(runs)} runs")
         return 0
+    grid = GridSettings(n=args.n or GridSettings.n) if args.grid else None
     outcome = launch(sweep, args.out, launcher=args.launcher, workers=args.workers, stack=args.stack,
-                     only=args.only, threads=args.threads)
+                     only=args.only, threads=args.threads, grid=grid)
     root = write_results(sweep, args.out)
     print(format_table(results_table(collect(sweep, args.out), sweep.grid_fields)), end="")
     print(f"{len(outcome['finished'])} runs finished, {len(outcome['skipped'])} already done, "
@@ -487,6 +491,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("file", help="a sweep YAML file, or a packaged sweep by name: ar_main, atr, ar_mamba_conv, "
                                     "cpu/ar, reference/ar, ... (hf_mecheval/training/sweeps/)")
     _launcher_arguments(sweep, default_out="runs/sweeps")
+    sweep.add_argument("--grid", action="store_true",
+                       help="also run the intervention grid on each run as soon as it finishes (and on finished "
+                            "runs without one), as mecheval reproduce does")
+    sweep.add_argument("-n", type=_positive_int, default=None,
+                       help="with --grid: documents for the interventions (default 320)")
     sweep.set_defaults(func=_sweep)
 
     ev = commands.add_parser("evaluate", help="run the intervention grid on a trained run (JSON + plots)",

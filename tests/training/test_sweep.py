@@ -15,6 +15,7 @@ import yaml
 
 from hf_mecheval.cli import main as mecheval
 from hf_mecheval.errors import ConfigError, MechEvalError
+from hf_mecheval.runs import RunDir
 from hf_mecheval.runs.files import GridSettings
 from hf_mecheval.runs.run_dir import differences
 from hf_mecheval.sweep_job import main as sweep_job_main
@@ -152,6 +153,23 @@ def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):
     assert outcome["skipped"] == [r.name for r in sweep.runs] and [g.stat().st_mtime_ns for g in grids] == made
     outcome = launch(sweep, tmp_path, progress=False, grid=GridSettings(n=12, resamples=10), workers=1)
     assert not outcome["failed"] and all(json.loads(g.read_text())["examples"] == 12 for g in grids)
+
+
+def test_mecheval_sweep_makes_the_grid_only_when_asked(tmp_path, capsys):
+    file = tmp_path / "tiny.yaml"
+    file.write_text(yaml.safe_dump({"name": "tiny", "task": "ar_32", "defaults": BASE,
+                                    "grids": [{"architecture": ["transformer"], "learning_rate": [0.01]}]}))
+    flags = ["--workers", "1", "--out", str(tmp_path / "out")]
+    run_dir = tmp_path / "out" / "tiny" / "runs" / "transformer_s0"
+    assert mecheval(["sweep", str(file), *flags]) == 0
+    assert RunDir(run_dir).finished and not (run_dir / "interventions").exists()
+    assert mecheval(["sweep", str(file), "-n", "8", *flags]) == 2          # -n alone asks for nothing
+    assert "-n goes with --grid" in capsys.readouterr().err
+    # --grid evaluates the run trained before it, without training it again
+    assert mecheval(["sweep", str(file), "--grid", "-n", "8", *flags]) == 0
+    result = json.loads((run_dir / "interventions" / "interventions.json").read_text())
+    assert result["examples"] == 8 and result["settings"]["n"] == 8 and result["mechanism"]["label"]
+    assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == BASE["max_steps"]
 
 
 def test_sweep_job_arguments(tmp_path, capsys):
