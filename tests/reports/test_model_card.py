@@ -105,7 +105,8 @@ def test_a_failed_run_says_so_and_a_grid_on_another_split_is_labelled_with_it(ru
     (failed / "metrics.json").write_text(json.dumps(metrics))
     model_card.write_model_card(failed)
     text = ModelCard.load(failed / "README.md").text
-    assert "**Training failed:** it diverged: its weights held NaN or infinity at step 3" in text
+    assert ("**Training failed:** it diverged: its weights held NaN or infinity at step 3, where it stopped; "
+            "the weights are those of its last step\n") in text           # said once
     assert "Not evaluated yet" not in text and "mecheval evaluate RUN_DIR" not in text    # no grid to make
     with pytest.raises(MechEvalError, match="is a failed run .*it diverged.*not a model to push"):
         model_card.push_run(failed, "mecheval/diverged")       # refused before anything reaches the Hub
