@@ -88,6 +88,25 @@ def test_verdicts_are_given_at_the_papers_width_and_at_every_width(results):
     assert by_width["DeltaNet retrieves directly, like the other SSMs"] == ["not planned"] * 2 + ["holds"] * 3
 
 
+def test_the_atr_block_compares_the_transformer_and_mamba_at_the_same_32_epochs(results):
+    """The reference setting's Mamba on atr_easy trained 16 epochs; the grid's ATR block trains its
+    own at 32 and reads that one alone, beside the Transformer's 32."""
+    claim = "atr_easy: the Transformer uses induction, Mamba (conv 4) does not (width 64)"
+    for r in results["ref_recipe_atr"]:
+        if r["label"] == "mamba (conv 4)":
+            r.update(epochs=16.0, mechanism="induction")          # what the claim must not read
+    assert {v["claim"]: v["verdict"] for v in grid_verdicts(grid_rows(results))}[claim] == "**holds**"
+    lines = [line.split(" | ")[:3] for line in grid_tables(results)["grid_atr"].splitlines()[2:]]
+    assert [line for line in lines if line[:2] == ["| atr_easy", "mamba (conv 4)"]] == [
+        ["| atr_easy", "mamba (conv 4)", "32"]]
+    # Mamba without its convolution is the reference setting's run alone: it fills in
+    assert ["| atr_easy", "mamba (conv 0)", "32"] in lines
+    # before the block's own Mamba run, the claim waits for it instead of reading the 16-epoch one
+    waiting = dict(results, ref_atr_languages=[r for r in results["ref_atr_languages"]
+                                               if not (r["label"] == "mamba (conv 4)" and r["task"] == "atr_easy")])
+    assert {v["claim"]: v["verdict"] for v in grid_verdicts(grid_rows(waiting))}[claim] == "not run yet"
+
+
 def test_a_mechanism_claim_waits_for_the_grids_and_a_failed_run_needs_none(results):
     grid = ("@key", "@value", "@query", "mechanism", "layer_scores")
     # the width-256 Transformer's runs trained, but their grids have not run yet

@@ -281,8 +281,11 @@ def test_the_reference_recipes_atr_claim_reads_the_transformer_the_grid_trains()
         return tables, verdict["ATR: the Transformer uses induction, Mamba (conv 4) does not"]
 
     assert claim({"ref_recipe_atr": mamba})[1] == ["—", "not run yet"]
+    # the grid also trains Mamba on atr_easy, at 32 epochs: this setting keeps its own (16 epochs)
+    languages.append(atr("mamba (conv 4)", "mamba", "induction", epochs=32.0))
     tables, verdict = claim({"ref_recipe_atr": mamba, "ref_atr_languages": languages})
     assert verdict == ["induction / direct_query", "**holds**"]
-    # the table gains the Transformer's ATR easy row, not the grid's other languages
-    rows = [line.split(" | ")[:3] for line in tables["ref_atr"].splitlines()[2:]]
-    assert ["| atr_easy", "transformer", "reference"] in rows and all(r[0] != "| atr_gen" for r in rows)
+    # the table gains the Transformer's ATR easy row, not the grid's other languages nor its Mamba
+    rows = [line.split(" | ")[:4] for line in tables["ref_atr"].splitlines()[2:]]
+    assert ["| atr_easy", "transformer", "reference", "32"] in rows and all(r[0] != "| atr_gen" for r in rows)
+    assert [r for r in rows if r[1] == "mamba (conv 4)"] == [["| atr_easy", "mamba (conv 4)", "reference", "16"]]
