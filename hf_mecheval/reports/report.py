@@ -46,7 +46,8 @@ from ..training.sweep import best_learning_rate  # noqa: E402
 
 POSITIONS = ("key", "value", "query")
 COMPONENTS = ("mixer.conv_output", "mixer.state", "mixer_output")
-NESTED = ("layer_scores", "component_scores", "test_by_setting", "test_by_key_position", "by_distance")   # in runs.json, not runs.csv
+# in runs.json, not runs.csv
+NESTED = ("layer_scores", "component_scores", "test_by_setting", "test_by_key_position", "test_by_length", "by_distance")
 
 
 def _train_seconds(metrics: dict) -> float | None:
@@ -105,7 +106,7 @@ def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict 
         for key in ("epochs", "test_head_size", "test_head_accuracy", "train_head_size", "train_head_accuracy",
                     "train_wall_seconds", "train_cpu_seconds", "train_segments", "train_segment_times",
                     "threads", "stack_size", "global_step",
-                    "test_by_setting", "test_by_key_position"):
+                    "test_by_setting", "test_by_key_position", "test_by_length"):
             if key in final:
                 row[key] = final[key]
         result = run_dir.interventions()

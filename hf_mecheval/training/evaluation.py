@@ -157,13 +157,30 @@ def accuracy_by_key_position(summary: np.ndarray, key_pos: np.ndarray) -> list[d
     summary = np.asarray(summary, dtype=np.float64)
     valid = key_pos >= 0
     right = (summary[..., 0] == summary[..., 1])[valid]
-    where = key_pos[valid]
-    bucket = np.maximum(0, np.floor(np.log2(np.maximum(where, 1) / 16)).astype(np.int64) + 1)   # 0: [0, 16), 1: [16, 32)
+    return [{"key_from": lo, "key_to": hi, "queries": count, "accuracy": accuracy}
+            for lo, hi, count, accuracy in _by_doubling_buckets(key_pos[valid], right)]
+
+
+def accuracy_by_length(summary: np.ndarray, lengths: np.ndarray) -> list[dict]:
+    """The share of documents answered right by their length in tokens, in [0, 16), then [16, 32),
+    [32, 64), ... (ATR's trees run from a few tokens to hundreds: a model may answer the short ones
+    and lose the long). summary (N, 3) or (N, 1, 3) as ``AnswerSummary`` gives it for one answer
+    per document; lengths (N,) -> ``[{"length_from", "length_to", "documents", "accuracy"}, ...]``
+    (length_to exclusive), the buckets that hold a document."""
+    summary = np.asarray(summary, dtype=np.float64).reshape(len(lengths), 3)
+    right = summary[:, 0] == summary[:, 1]
+    return [{"length_from": lo, "length_to": hi, "documents": count, "accuracy": accuracy}
+            for lo, hi, count, accuracy in _by_doubling_buckets(np.asarray(lengths), right)]
+
+
+def _by_doubling_buckets(values: np.ndarray, right: np.ndarray) -> list[tuple[int, int, int, float]]:
+    """(from, to, count, share right) of the buckets [0, 16), [16, 32), [32, 64), ... that hold a
+    value; values and right (M,)."""
+    bucket = np.maximum(0, np.floor(np.log2(np.maximum(values, 1) / 16)).astype(np.int64) + 1)   # 0: [0, 16), 1: [16, 32)
     out = []
     for b in sorted(set(bucket.tolist())):
         rows = bucket == b
-        out.append({"key_from": 0 if b == 0 else 16 << (b - 1), "key_to": 16 << b, "queries": int(rows.sum()),
-                    "accuracy": float(right[rows].mean())})
+        out.append((0 if b == 0 else 16 << (b - 1), 16 << b, int(rows.sum()), float(right[rows].mean())))
     return out
 
 

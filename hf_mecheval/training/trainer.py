@@ -29,7 +29,7 @@ from ..runs.model_card import write_model_card
 from ..tasks.presets import get_preset
 from .arguments import RunArguments
 from .data import EpochShuffleSampler, PaddedTaskDataset
-from .evaluation import AnswerSummary, decoded_example, multi_query_breakdowns
+from .evaluation import AnswerSummary, accuracy_by_length, decoded_example, multi_query_breakdowns
 from .progress import RunningLoss
 
 
@@ -220,8 +220,11 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
     # memorized its training documents (high here, low there) from one that learned nothing
     seen = trainer.evaluate(splits["train_head"], metric_key_prefix="train_head")
     final.update(train_head_size=len(splits["train_head"]), train_head_accuracy=seen["train_head_accuracy"])
+    lengths = splits["test"].lengths.numpy()
     if splits["test"].multi_query:     # MQAR: test accuracy per setting (as Zoology slices it) and by key position
         final.update(multi_query_breakdowns(prediction.predictions, splits["test"]))
+    elif lengths.min() < lengths.max():    # ATR: documents of many lengths; AR's are all as long
+        final["test_by_length"] = accuracy_by_length(prediction.predictions, lengths)
     failure = run_failure(trainer.model, final)
     if failure:
         final["failed"] = failure

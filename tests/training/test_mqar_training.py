@@ -13,7 +13,8 @@ from transformers.trainer_utils import EvalPrediction
 import hf_mecheval  # noqa: F401
 from hf_mecheval.tasks import build_task
 from hf_mecheval.training.data import PaddedTaskDataset
-from hf_mecheval.training.evaluation import accuracy_by_key_position, compute_answer_metrics, query_logits_summary
+from hf_mecheval.training.evaluation import (accuracy_by_key_position, accuracy_by_length, compute_answer_metrics,
+                                             query_logits_summary)
 from hf_mecheval.training.run import main, train
 from hf_mecheval.training.spec import RunSpec
 from hf_mecheval.training.stacked import Member, train_stacked
@@ -131,6 +132,18 @@ def test_accuracy_by_key_position_by_hand():
         {"key_from": 0, "key_to": 16, "queries": 2, "accuracy": 0.5},
         {"key_from": 16, "key_to": 32, "queries": 1, "accuracy": 0.0},
         {"key_from": 32, "key_to": 64, "queries": 2, "accuracy": 1.0}]
+
+
+def test_accuracy_by_length_by_hand():
+    """One answer per document: each document in its length's bucket, the share right in each."""
+    summary = np.array([[7, 7, 0.9], [3, 7, 0.1], [5, 5, 0.8], [2, 4, 0.0], [6, 6, 0.7]])     # (5 documents, 3)
+    lengths = np.array([3, 15, 16, 40, 200])
+    assert accuracy_by_length(summary, lengths) == [
+        {"length_from": 0, "length_to": 16, "documents": 2, "accuracy": 0.5},
+        {"length_from": 16, "length_to": 32, "documents": 1, "accuracy": 1.0},
+        {"length_from": 32, "length_to": 64, "documents": 1, "accuracy": 0.0},
+        {"length_from": 128, "length_to": 256, "documents": 1, "accuracy": 1.0}]
+    assert accuracy_by_length(summary[:, None, :], lengths) == accuracy_by_length(summary, lengths)   # (N, 1, 3)
 
 
 def test_query_key_positions_are_each_documents_keys_in_query_order():

@@ -57,6 +57,7 @@ def test_tiny_ar_is_learned_by_the_transformer(tmp_path, capfd):
     assert right >= 19
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["final"]["test_accuracy"] >= 0.95
+    assert "test_by_length" not in metrics["final"]          # AR's documents are all as long
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
     assert model.config.model_type == "mecheval-transformer"
     for name in ("command.txt", "run.json", "config.json", "model.safetensors", "trainer_state.json",
@@ -64,6 +65,37 @@ def test_tiny_ar_is_learned_by_the_transformer(tmp_path, capfd):
         assert (tmp_path / "run" / name).exists()
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["training"]["lr_scheduler_type"] == "cosine" and record["training"]["warmup_steps"] == 0.1
+
+
+def test_atr_records_test_accuracy_by_document_length(tmp_path):
+    """ATR's documents run from a few tokens to many: metrics.json splits the test accuracy by
+    length, [0, 16), [16, 32), ...; checked against the run's model scoring each test document."""
+    import numpy as np
+
+    from hf_mecheval.tasks import build_task
+
+    run = tmp_path / "run"
+    assert main(["--task", "atr_easy", "--architecture", "mamba", "--hidden_size", "16", "--train_size", "256",
+                 "--eval_size", "200", "--max_steps", "60", "--learning_rate", "3e-3", "--eval_strategy", "no",
+                 "--save_strategy", "no", "--disable_tqdm", "true", "--output_dir", str(run)]) == 0
+    final = json.loads((run / "metrics.json").read_text())["final"]
+    test = build_task("atr_easy").generate(200, "test", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(run).eval()
+    right = []
+    with torch.no_grad():
+        for i in range(len(test)):
+            doc = test.document(i)
+            logits = model(input_ids=torch.tensor([doc["input_ids"]])).logits[0]
+            right.append(int(logits[doc["answer_pos"] - 1].argmax()) == doc["answer"])
+    right, lengths = np.array(right), test.lengths
+    assert final["test_accuracy"] == pytest.approx(right.mean(), abs=1e-6)
+    expected = []
+    for lo, hi in ((0, 16), (16, 32), (32, 64), (64, 128), (128, 256)):
+        rows = (lengths >= lo) & (lengths < hi)
+        if rows.any():
+            expected.append({"length_from": lo, "length_to": hi, "documents": int(rows.sum()),
+                             "accuracy": pytest.approx(float(right[rows].mean()), abs=1e-6)})
+    assert len(expected) >= 3 and final["test_by_length"] == expected
 
 
 SHORT = ["--train_size", "640", "--eval_size", "64", "--max_steps", "40", "--logging_steps", "5",
