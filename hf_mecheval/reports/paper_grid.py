@@ -24,7 +24,7 @@ from pathlib import Path
 from ..runs.files import run_cost, run_seconds
 from .reference_setting import (CELL_HEAD, FAILS, PAPER_AR_WIDTH_256, PAPER_MAMBA_CONV_WIDTH_256,
                                 REFERENCE_RECIPE, Plan, Selection, _order, _table, _width, accuracy_text,
-                                ar_claims, args_label, atr_induction_claim, claim_states, finished,
+                                ar_claims, args_label, atr_induction_claim, atr_key, claim_states, finished,
                                 measured, mechanisms, planned_runs, recipe, restoration, sweep_run_args,
                                 verdict_of)
 
@@ -64,15 +64,10 @@ def grid_rows(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
     ar += with_positions
     # the ATR block trains every configuration at the reference's 32 epochs; the reference
     # setting's ATR runs (Mamba with its convolution at 16) fill in only what the block does not plan
-    languages = planned(("ref_atr_languages",), _atr_key)
+    languages = planned(("ref_atr_languages",), atr_key)
     atr = [r for r in _reference(results, "ref_recipe_atr") if (r["label"], r["task"]) not in languages]
     atr += _reference(results, "ref_atr_languages")
     return {"ar": ar, "ablations": ablations, "depth": depth, "atr": atr}
-
-
-def _atr_key(args: dict) -> tuple[str, str]:
-    """(label, task) of a sweep run's arguments: an ATR configuration."""
-    return args_label(args), args["task"]
 
 
 def _label_extras(label: str) -> list[str]:
@@ -230,7 +225,7 @@ def grid_verdicts(rows: dict[str, list[dict]]) -> list[dict]:
     depth_claim("The Transformer without position embeddings fails AR (width 64)", "fails", (t0,),
                 lambda: depth[t0].accuracy() <= FAILS, lambda: accuracy_text(depth[t0]))
     atr = cells(rows["atr"], lambda r: (r["label"], r["task"]))
-    atr_plan = planned(("ref_recipe_atr", "ref_atr_languages"), _atr_key)
+    atr_plan = planned(("ref_recipe_atr", "ref_atr_languages"), atr_key)
     for task in TASK_ORDER:
         keys = [("transformer", task), ("mamba (conv 4)", task)]
         ready = all(finished(atr, k, atr_plan) and measured(atr[k]) for k in keys)

@@ -64,6 +64,11 @@ def args_label(args: dict) -> str:
                            if "max_position_embeddings" in args else {})})
 
 
+def atr_key(args: dict) -> tuple[str, str]:
+    """(label, task) of a sweep run's arguments: an ATR configuration, as the ATR tables key theirs."""
+    return args_label(args), args["task"]
+
+
 def planned_runs(sweeps: Iterable[str], key=args_label) -> Plan:
     """The (learning rate, seed) runs the packaged sweep files ``sweeps`` (``reference/ar``) plan
     per configuration ``key(args)``. A file that cannot be read is an error, not an empty plan
@@ -233,7 +238,7 @@ def table_rows(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
     ``ATR_EASY_ELSEWHERE``), and "widths": the short-convolution ablation's, whose Mamba conv 4
     and Based conv 3 are the AR table's runs."""
     rows = {table: [r for sweep in sweeps for r in results.get(sweep, [])] for table, sweeps in TABLE_SWEEPS.items()}
-    own = planned_runs(("reference/recipe_atr",), lambda a: (args_label(a), a["task"]))
+    own = planned_runs(("reference/recipe_atr",), atr_key)
     rows["atr"] += [r for r in results.get(ATR_EASY_ELSEWHERE, [])
                     if r["task"] == "atr_easy" and (r["label"], r["task"]) not in own]
     rows["widths"] = [r for r in rows["ar"] if r["label"].startswith(("mamba", "based"))] + rows["ablations"]
@@ -269,7 +274,7 @@ def reference_tables(results: dict[str, list[dict]]) -> dict[str, str]:
     for name in (REFERENCE_RECIPE, EARLIER_RECIPE):
         def of(table_rows):
             return [r for r in table_rows if recipe(r) == name]
-        atr_plan = planned_runs(PLANNED[name]["atr"], lambda a: (args_label(a), a["task"]))
+        atr_plan = planned_runs(PLANNED[name]["atr"], atr_key)
         plans = {"ar": planned_runs(PLANNED[name]["ar"] + PLANNED[name]["ablations"]),
                  "atr_easy": {label: runs for (label, task), runs in atr_plan.items() if task == "atr_easy"}}
         judged[name] = verdicts(selections(of(rows["ar"] + rows["ablations"])),
