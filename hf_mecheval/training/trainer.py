@@ -238,7 +238,11 @@ def finish_run(trainer: Trainer, splits: dict, run_dir: Path, extra: dict | None
         with saving(run_dir):
             trainer.save_model(str(run_dir))        # with the tokenizer (the Trainer's processing_class)
             trainer.save_state()
-        history = [{k: v for k, v in entry.items()} for entry in trainer.state.log_history]
+        # a run resumed from its last checkpoint trains no step: it only writes its final metrics
+        # again, from the same weights and with today's code (a field metrics.json gained since);
+        # the Trainer's summary of that empty segment (train_loss 0.0, runtime 0) is left out
+        empty = (final.get("train_segment_times") or [{}])[-1].get("steps") == 0
+        history = [dict(entry) for entry in trainer.state.log_history if not (empty and "train_runtime" in entry)]
         RunDir(run_dir).finish({"final": final, "history": history})
         write_model_card(run_dir)
     return final

@@ -460,6 +460,33 @@ def test_wall_time_adds_up_over_a_resume(tmp_path):
     assert first["cpu_seconds"] + second["cpu_seconds"] == pytest.approx(final["train_cpu_seconds"], abs=0.11)
 
 
+def test_a_finished_run_resumed_from_its_last_checkpoint_writes_the_same_metrics_again(tmp_path):
+    """metrics.json moved away, the run resumed: no step trained, the same weights and figures, a
+    segment of 0 steps recorded, and no zero-step Trainer summary (train_loss 0.0) in the history."""
+    run = tmp_path / "run"
+    args = ["--task", "atr_easy", "--architecture", "mamba", "--hidden_size", "16", "--train_size", "256",
+            "--eval_size", "200", "--max_steps", "40", "--save_steps", "20", "--save_strategy", "steps",
+            "--learning_rate", "3e-3", "--eval_strategy", "no", "--logging_steps", "10", "--disable_tqdm", "true",
+            "--output_dir", str(run)]
+    assert main(args) == 0
+    weights = (run / "model.safetensors").read_bytes()
+    before = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").rename(tmp_path / "old_metrics.json")
+    assert main([*args, "--resume"]) == 0
+    after = json.loads((run / "metrics.json").read_text())
+    assert (run / "model.safetensors").read_bytes() == weights
+    for key in ("validation_accuracy", "validation_loss", "test_accuracy", "test_loss",
+                "train_head_accuracy", "test_by_length", "global_step", "epochs"):
+        assert after["final"][key] == before["final"][key], key
+    assert after["final"]["train_segments"] == 2
+    assert [s["steps"] for s in after["final"]["train_segment_times"]] == [40, 0]
+    # the training log is the first segment's; its Trainer summary (the only one with a
+    # train_runtime) was in the old file and the empty segment's is not in the new one
+    assert [e for e in after["history"] if "loss" in e] == [e for e in before["history"] if "loss" in e]
+    assert [e["train_loss"] for e in before["history"] if "train_runtime" in e][0] > 0
+    assert not [e for e in after["history"] if "train_runtime" in e]
+
+
 def test_cpu_identity_names_the_model_and_signs_other_flags_differently(monkeypatch):
     from hf_mecheval.models import cpu_kernels
 
