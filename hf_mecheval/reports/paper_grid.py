@@ -14,7 +14,8 @@ per configuration, the learning rate with the best mean validation accuracy and 
 accuracy there (``reference_setting.Selection``). The verdicts are stated at the width the
 paper states each claim (its AR table and ablations at 256), and each AR claim again at every
 width, so that a claim that holds at one width and not another says at which. A claim whose
-learning rates and seeds have not all finished reads "not run yet".
+learning rates and seeds have not all finished reads "not run yet". The ATR block also gives each
+model's test accuracy by document length (``test_by_length`` of metrics.json), a table and a figure.
 """
 from __future__ import annotations
 
@@ -141,13 +142,12 @@ def grid_tables(results: dict[str, list[dict]]) -> dict[str, str]:
                                       [[label, str(n)] + s.cells() + [_by_layer(s)] for (label, n), s in
                                        by_layers(rows["depth"]).items()])
     if results.get("ref_atr_languages"):
-        atr = cells(rows["atr"], lambda r: (r["label"], r["task"]))
+        atr = atr_cells(rows["atr"])
         tables["grid_atr"] = _table(["task", "model", "epochs"] + CELL_HEAD,
                                     [[task, label, "/".join(str(e) for e in sorted({round(r.get("epochs") or 0)
                                                                                      for r in s.best}))] + s.cells()
-                                     for (label, task), s in sorted(atr.items(), key=lambda kv: (
-                                         TASK_ORDER.index(kv[0][1]) if kv[0][1] in TASK_ORDER else 99,
-                                         _order(kv[0][0])))])
+                                     for (label, task), s in atr.items()])
+        tables["grid_atr_by_length"] = atr_by_length_table(atr)
     if any(results.get(s) for s in GRID_SWEEPS):
         tables["grid_verdicts"] = _table(["claim", "paper", "here", "verdict"],
                                          [[v["claim"], v["paper"], v["figures"], v["verdict"]]
@@ -161,6 +161,50 @@ def grid_tables(results: dict[str, list[dict]]) -> dict[str, str]:
 
 
 TASK_ORDER = ("atr_easy", "atr_gen", "atr_medium", "atr_8192")
+
+
+def atr_cells(rows: list[dict]) -> dict[tuple, Selection]:
+    """The ATR block's (label, task) configurations, by language (``TASK_ORDER``), then model."""
+    atr = cells(rows, lambda r: (r["label"], r["task"]))
+    return dict(sorted(atr.items(), key=lambda kv: (TASK_ORDER.index(kv[0][1]) if kv[0][1] in TASK_ORDER else 99,
+                                                    _order(kv[0][0]))))
+
+
+def by_length(sel: Selection) -> dict[tuple[int, int], tuple[float, int]] | None:
+    """Test accuracy by document length of the chosen rate's runs: {(from, to): (accuracy, test
+    documents)}, the accuracy a mean over seeds; None where a run did not record it
+    (``test_by_length`` of metrics.json, written by runs trained since it exists)."""
+    if not all(r.get("test_by_length") for r in sel.best):
+        return None
+    buckets: dict[tuple[int, int], list[tuple[float, int]]] = {}
+    for r in sel.best:
+        for b in r["test_by_length"]:
+            buckets.setdefault((b["length_from"], b["length_to"]), []).append((b["accuracy"], b["documents"]))
+    return {k: (sum(a for a, _ in v) / len(v), v[0][1]) for k, v in sorted(buckets.items())}
+
+
+def _length_bucket(lo: int, hi: int) -> str:
+    return f"{lo}-{hi - 1}"
+
+
+def atr_by_length_table(atr: dict[tuple, Selection]) -> str:
+    """Test accuracy (%) by document length in tokens of each ATR configuration (``atr_cells``),
+    each language's row of test documents per length first."""
+    lengths = {(label, task): by_length(s) for (label, task), s in atr.items()}
+    columns = sorted({k for found in lengths.values() if found for k in found})
+    lines = []
+    for task in dict.fromkeys(task for _, task in lengths):          # in atr's order
+        models = {label: found for (label, t), found in lengths.items() if t == task}
+        # the documents of each length: the same for every model scoring the language's one test
+        # split ("varies" where runs scored other splits: another --eval_size or --dataset_seed)
+        counts = [{n for found in models.values() if found and k in found for n in [found[k][1]]} for k in columns]
+        if any(counts):
+            lines.append([task, "(test documents)"] + [("varies" if len(n) > 1 else str(*n)) if n else "—"
+                                                       for n in counts])
+        for label, found in models.items():
+            lines.append([task, label] + ([f"{100 * found[k][0]:.1f}" if k in found else "—" for k in columns]
+                                          if found else ["not recorded"] + [""] * (len(columns) - 1)))
+    return _table(["task", "model"] + [f"{_length_bucket(*k)} tokens" for k in columns], lines)
 
 
 def _conv_label(arch: str, kernel: int) -> str:
@@ -325,7 +369,42 @@ def grid_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
                                            out / "ablations_by_width.png"))
     if results.get("ref_depth"):
         made.append(layers_figure(rows["depth"], out / "restoration_by_layer.png"))
+    if results.get("ref_atr_languages") and any(by_length(s) for s in atr_cells(rows["atr"]).values()):
+        made.append(atr_by_length_figure(atr_cells(rows["atr"]), out / "atr_by_length.png"))
     return made
+
+
+FEWEST_DOCUMENTS = 10       # a length with fewer test documents is not drawn: one or two answers are noise
+
+
+def atr_by_length_figure(atr: dict[tuple, Selection], path: Path) -> Path:
+    """Test accuracy against document length, one panel per ATR language, one line per model that
+    recorded it (``atr_cells``; lengths with ``FEWEST_DOCUMENTS`` or more test documents)."""
+    import matplotlib.pyplot as plt
+
+    from .plots import save_figure
+
+    lengths = {key: found for key, s in atr.items() if (found := by_length(s))}
+    tasks = list(dict.fromkeys(task for _, task in lengths))
+    style = _styles({label for label, _ in lengths})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4.2), sharey=True, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        models = {label: found for (label, t), found in lengths.items() if t == task}
+        columns = sorted({k for found in models.values() for k, (_, n) in found.items() if n >= FEWEST_DOCUMENTS})
+        for label, found in models.items():
+            ax.plot(range(len(columns)), [100 * found[k][0] if k in found else math.nan for k in columns],
+                    label=label, **style[label])
+        documents = {k: n for found in models.values() for k, (_, n) in found.items()}
+        ax.set_xticks(range(len(columns)), [f"{_length_bucket(*k)}\n({documents[k]})" for k in columns], fontsize=8)
+        ax.set_xlabel("document length in tokens (test documents)")
+        ax.set_ylim(-3, 103)
+        ax.grid(alpha=0.3)
+        ax.set_title(task)
+        ax.legend(fontsize=7, loc="best")
+    axes[0][0].set_ylabel("test accuracy (%)")
+    fig.suptitle(f"ATR test accuracy by document length, width 64, 32 epochs "
+                 f"(lengths with {FEWEST_DOCUMENTS} or more test documents)")
+    return save_figure(fig, path)
 
 
 def _styles(labels) -> dict[str, dict]:

@@ -281,6 +281,50 @@ def test_grid_figures_are_drawn_for_the_blocks_present(results, tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in made)
 
 
+def _lengths(*buckets):
+    """test_by_length of (from, to, documents, accuracy) tuples."""
+    return [{"length_from": lo, "length_to": hi, "documents": n, "accuracy": a} for lo, hi, n, a in buckets]
+
+
+def test_atr_accuracy_by_length_reads_each_models_chosen_runs(results, tmp_path, monkeypatch):
+    from hf_mecheval.reports import paper_grid, plots
+
+    medium = [r for r in results["ref_atr_languages"] if r["task"] == "atr_medium"]
+    transformer = next(r for r in medium if r["label"] == "transformer")
+    mamba = next(r for r in medium if r["label"] == "mamba (conv 4)")
+    transformer["test_by_length"] = _lengths((0, 16, 40, 0.9), (16, 32, 30, 0.5), (32, 64, 4, 0.25))
+    # a second seed at the same rate: the table reads the mean over the chosen rate's seeds
+    second = dict(transformer, seed=1, test_by_length=_lengths((0, 16, 40, 0.7), (16, 32, 30, 0.3), (32, 64, 4, 0.75)))
+    results["ref_atr_languages"].append(second)
+    mamba["test_by_length"] = _lengths((0, 16, 40, 1.0), (16, 32, 30, 0.8), (32, 64, 4, 0.5))
+    lines = grid_tables(results)["grid_atr_by_length"].splitlines()
+    assert lines[0] == "| task | model | 0-15 tokens | 16-31 tokens | 32-63 tokens |"
+    # (0.9 + 0.7) / 2, (0.5 + 0.3) / 2, (0.25 + 0.75) / 2
+    assert "| atr_medium | (test documents) | 40 | 30 | 4 |" in lines
+    assert "| atr_medium | transformer | 80.0 | 40.0 | 50.0 |" in lines
+    assert "| atr_medium | mamba (conv 4) | 100.0 | 80.0 | 50.0 |" in lines
+    # the documents row leads its language; a model that did not record it says so
+    assert lines.index("| atr_medium | (test documents) | 40 | 30 | 4 |") < lines.index(
+        "| atr_medium | transformer | 80.0 | 40.0 | 50.0 |")
+    assert "| atr_medium | based | not recorded |  |  |" in lines
+    assert not [line for line in lines if "atr_gen | (test documents)" in line]       # none recorded there
+    # runs that scored another test split: their counts differ, and the table says so
+    mamba["test_by_length"] = _lengths((0, 16, 41, 1.0), (16, 32, 30, 0.8))
+    lines = grid_tables(results)["grid_atr_by_length"].splitlines()
+    assert "| atr_medium | (test documents) | varies | 30 | 4 |" in lines
+    assert "| atr_medium | mamba (conv 4) | 100.0 | 80.0 | — |" in lines
+    # the figure: one line per model that recorded it, lengths with fewer than 10 documents left out
+    drawn, save = {}, plots.save_figure
+
+    def look(fig, path, layout=True):
+        drawn[path.name] = {ax.get_title(): {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+                            for ax in fig.axes}
+        return save(fig, path, layout)
+    monkeypatch.setattr(plots, "save_figure", look)
+    paper_grid.grid_figures(results, tmp_path)
+    assert drawn["atr_by_length.png"] == {"atr_medium": {"transformer": [80.0, 40.0], "mamba (conv 4)": [100.0, 80.0]}}
+
+
 def test_the_ablations_figure_and_table_stand_each_width_beside_the_other(results, tmp_path):
     results["ref_recipe_ablations"] = [row(f"mamba (conv {k})", 64, lr=1e-2) for k in (0, 1, 2, 3)]
     results["ref_width_ablations"] = [row(f"mamba (conv {k})", 256, lr=3e-3) for k in (0, 1, 2, 3)] + \
