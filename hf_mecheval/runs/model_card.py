@@ -1,7 +1,9 @@
 """Model cards: a ``README.md`` with YAML metadata beside every saved model.
 
 Metadata: library name (transformers: the model loads with ``AutoModelForCausalLM`` and
-``trust_remote_code=True``, or without it once hf-mecheval is imported; a plug-in's model once
+``trust_remote_code=True``, or without it once hf-mecheval is imported: a card pushed to the Hub
+shows the first, a local run's card the second, which also loads a copy of the run without its
+``*.py``, as the repository commits them; a plug-in's model once
 the plug-in is registered; transformers' own models as they are), the text-generation pipeline
 tag, tags, the task as dataset (with its config), a ``model-index`` with the test and validation
 accuracy and — once ``mecheval evaluate`` ran — the restoration scores at the last layer's input
@@ -76,7 +78,8 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         learning_rate=record["training"].get("learning_rate"), epochs=_epochs(final.get("epochs")),
         seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
         test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or shown_path(run.path),
-        failure=failure, loading=loading, plugin_package=plugin_package, task_kind=task_kind, **_example(task))
+        failure=failure, loading=loading, plugin_package=plugin_package, task_kind=task_kind, on_hub=repo_id is not None,
+        **_example(task))
     path = run.path / RunDir.CARD
     write_run_file(run.path, RunDir.CARD, str(card))
     return path

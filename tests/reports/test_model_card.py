@@ -1,6 +1,8 @@
 """Model cards beside saved models, and pushing a run (against a local folder standing in for the Hub)."""
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,10 @@ def test_card_is_written_after_training(run_dir):
     final = json.loads((run_dir / "metrics.json").read_text())["final"]
     assert card.data.library_name == "transformers" and "mecheval-h3" in card.data.tags
     assert card.data.pipeline_tag == "text-generation" and "custom_code" in card.data.tags
-    assert 'pipeline("text-generation"' in card.text and "trust_remote_code=True" in card.text
+    # a local run's card loads through hf-mecheval (a copy without the model's *.py loads too);
+    # the Hub's copy carries the code and its card passes trust_remote_code (test_push_run...)
+    assert 'pipeline("text-generation"' in card.text and "import hf_mecheval" in card.text
+    assert f'model="{run_dir}")' in card.text
     assert "<bos> t" in card.text                   # an example document as text
     assert "`<pad>`, `<bos>`, `<eos>` and `t0`… (terminals)" in card.text and "A document ends with the query" in card.text
     assert "pypi.org" not in card.text and "pip install hf-mecheval" not in card.text      # not published there
@@ -87,7 +92,8 @@ def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
     assert {"config.json", "generation_config.json", "model.safetensors", "README.md", "modeling_mecheval.py",
             "mixer_h3.py", "tokenizer.json"} <= {p.name for p in pushed.iterdir()}
     assert "auto_map" in json.loads((pushed / "config.json").read_text())
-    assert "mecheval/h3-atr-easy" in (pushed / "README.md").read_text()
+    assert 'pipeline("text-generation", model="mecheval/h3-atr-easy", trust_remote_code=True)' in \
+        (pushed / "README.md").read_text()
     from transformers import AutoModelForCausalLM, pipeline
 
     assert AutoModelForCausalLM.from_pretrained(pushed).config.model_type == "mecheval-h3"
@@ -123,6 +129,30 @@ def test_a_failed_run_says_so_and_a_grid_on_another_split_is_labelled_with_it(ru
     restoration = [r for r in card.data.eval_results if r.metric_type == "restoration"]
     assert restoration and {r.dataset_split for r in restoration} == {"validation"}
     assert "Key corrupted on validation documents" in card.text and "**Training failed:**" not in card.text
+
+
+def test_a_local_cards_examples_run_on_a_copy_of_the_run_without_its_code(run_dir, tmp_path, monkeypatch):
+    """A repository commits its runs without the model's *.py: the card's two examples, run as
+    written from the folder the card names the run from, still load it and answer one token."""
+    import re
+
+    copy = shutil.copytree(run_dir, tmp_path / "repo" / "results" / "h3", ignore=shutil.ignore_patterns("*.py"))
+    monkeypatch.chdir(tmp_path / "repo")
+    model_card.write_model_card(copy)
+    blocks = re.findall(r"```python\n(.*?)```", (copy / "README.md").read_text(), re.S)
+    assert len(blocks) == 2 and 'model="results/h3"' in blocks[0]
+    assert not list(copy.glob("*.py"))
+
+    def run(code: str) -> str:
+        """``code`` in a fresh interpreter, as a reader would run it (this one imported hf_mecheval)."""
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    prompt = re.search(r'generate\("(.*)"\)', blocks[0]).group(1)
+    answer = run(blocks[0].replace("generate(", "print(generate(", 1).replace(f'"{prompt}")', f'"{prompt}")[0]["generated_text"])'))
+    assert answer.startswith(prompt + " ") and len(answer.split()) == len(prompt.split()) + 1     # one answer token
+    assert run(blocks[1] + "print(model.config.model_type, len(model.site_names()) > 0)") == "mecheval-h3 True"
 
 
 def test_card_needs_a_finished_run(tmp_path):
