@@ -129,11 +129,15 @@ def collect_runs_and_grids(run_dirs: list[str | Path]) -> list[tuple[dict, dict 
 
 
 def markdown_table(rows: list[dict]) -> str:
+    """One line per run: its model and width, named apart from the others as the figures name it
+    (the task where the rows hold several, the rate and seed where a model repeats), its test
+    accuracy and restoration at the last layer's input."""
     head = ["run", "accuracy", "@key", "@value", "@query", "mechanism"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+    names = run_tick_labels([{**r, "label": f"{r['label']} (d={r['hidden_size']})"} for r in rows])
+    for r, name in zip(rows, names):
         mech = f"{r.get('mechanism', 'n/a')} ({r['confidence']})" if r.get("mechanism") else "n/a"
-        lines.append(f"| {r['label']} (d={r['hidden_size']}) | {100 * r['test_accuracy']:.1f} % | "
+        lines.append(f"| {name} | {100 * r['test_accuracy']:.1f} % | "
                      f"{format_score(r.get('@key'))} | {format_score(r.get('@value'))} | {format_score(r.get('@query'))} | {mech} |")
     return "\n".join(lines) + "\n"
 

@@ -329,6 +329,24 @@ def test_bars_of_runs_on_several_tasks_name_the_task():
     assert run_tick_labels([{**r, "task": "ar_32"} for r in rows[:1]]) == ["mamba (conv 4)"]
 
 
+def test_the_report_table_names_each_run_apart_from_the_others():
+    from hf_mecheval.reports.report import markdown_table
+
+    def row(label, task, width=64, lr=1e-3, seed=0):
+        return {"label": label, "task": task, "hidden_size": width, "learning_rate": lr, "seed": seed,
+                "test_accuracy": 0.5, "mechanism": "induction", "confidence": "high", "@key": 0.0, "@value": 1.0,
+                "@query": 0.0}
+    # an ATR-languages sweep: one model on two tasks, one at two seeds, one at another width
+    rows = [row("mamba (conv 4)", "atr_easy"), row("mamba (conv 4)", "atr_gen"),
+            row("transformer", "atr_gen"), row("transformer", "atr_gen", seed=1), row("transformer", "atr_gen", 128)]
+    names = [line.split(" | ")[0][2:] for line in markdown_table(rows).splitlines()[2:]]
+    assert names == ["atr_easy: mamba (conv 4) (d=64)", "atr_gen: mamba (conv 4) (d=64)",
+                     "atr_gen: transformer (d=64), lr 0.001, s0", "atr_gen: transformer (d=64), lr 0.001, s1",
+                     "atr_gen: transformer (d=128)"]
+    # one task, each model once (the quickstart's table): the model and its width only
+    assert markdown_table([row("based", "ar_32")]).splitlines()[2].startswith("| based (d=64) | 50.0 % |")
+
+
 def test_accuracy_against_width_draws_the_line_through_the_rate_chosen_on_validation(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
