@@ -147,7 +147,7 @@ def grid_tables(results: dict[str, list[dict]]) -> dict[str, str]:
                                     [[task, label, "/".join(str(e) for e in sorted({round(r.get("epochs") or 0)
                                                                                      for r in s.best}))] + s.cells()
                                      for (label, task), s in atr.items()])
-        tables["grid_atr_by_length"] = atr_by_length_table(atr)
+        tables["grid_atr_by_length"] = atr_by_length_table(atr_lengths(atr))
     if any(results.get(s) for s in GRID_SWEEPS):
         tables["grid_verdicts"] = _table(["claim", "paper", "here", "verdict"],
                                          [[v["claim"], v["paper"], v["figures"], v["verdict"]]
@@ -183,14 +183,18 @@ def by_length(sel: Selection) -> dict[tuple[int, int], tuple[float, int]] | None
     return {k: (sum(a for a, _ in v) / len(v), v[0][1]) for k, v in sorted(buckets.items())}
 
 
+def atr_lengths(atr: dict[tuple, Selection]) -> dict[tuple, dict | None]:
+    """``by_length`` of each (label, task) configuration of ``atr_cells``, in its order."""
+    return {key: by_length(s) for key, s in atr.items()}
+
+
 def _length_bucket(lo: int, hi: int) -> str:
     return f"{lo}-{hi - 1}"
 
 
-def atr_by_length_table(atr: dict[tuple, Selection]) -> str:
-    """Test accuracy (%) by document length in tokens of each ATR configuration (``atr_cells``),
+def atr_by_length_table(lengths: dict[tuple, dict | None]) -> str:
+    """Test accuracy (%) by document length in tokens of each ATR configuration (``atr_lengths``),
     each language's row of test documents per length first."""
-    lengths = {(label, task): by_length(s) for (label, task), s in atr.items()}
     columns = sorted({k for found in lengths.values() if found for k in found})
     lines = []
     for task in dict.fromkeys(task for _, task in lengths):          # in atr's order
@@ -369,22 +373,24 @@ def grid_figures(results: dict[str, list[dict]], out: Path) -> list[Path]:
                                            out / "ablations_by_width.png"))
     if results.get("ref_depth"):
         made.append(layers_figure(rows["depth"], out / "restoration_by_layer.png"))
-    if results.get("ref_atr_languages") and any(by_length(s) for s in atr_cells(rows["atr"]).values()):
-        made.append(atr_by_length_figure(atr_cells(rows["atr"]), out / "atr_by_length.png"))
+    if results.get("ref_atr_languages"):
+        lengths = atr_lengths(atr_cells(rows["atr"]))
+        if any(lengths.values()):
+            made.append(atr_by_length_figure(lengths, out / "atr_by_length.png"))
     return made
 
 
 FEWEST_DOCUMENTS = 10       # a length with fewer test documents is not drawn: one or two answers are noise
 
 
-def atr_by_length_figure(atr: dict[tuple, Selection], path: Path) -> Path:
+def atr_by_length_figure(recorded: dict[tuple, dict | None], path: Path) -> Path:
     """Test accuracy against document length, one panel per ATR language, one line per model that
-    recorded it (``atr_cells``; lengths with ``FEWEST_DOCUMENTS`` or more test documents)."""
+    recorded it (``atr_lengths``; lengths with ``FEWEST_DOCUMENTS`` or more test documents)."""
     import matplotlib.pyplot as plt
 
     from .plots import save_figure
 
-    lengths = {key: found for key, s in atr.items() if (found := by_length(s))}
+    lengths = {key: found for key, found in recorded.items() if found}
     tasks = list(dict.fromkeys(task for _, task in lengths))
     style = _styles({label for label, _ in lengths})
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4.2), sharey=True, squeeze=False)
