@@ -170,9 +170,10 @@ def atr_cells(rows: list[dict]) -> dict[tuple, Selection]:
                                                     _order(kv[0][0]))))
 
 
-def by_length(sel: Selection) -> dict[tuple[int, int], tuple[float, int]] | None:
+def by_length(sel: Selection) -> dict[tuple[int, int], tuple[float, frozenset[int]]] | None:
     """Test accuracy by document length of the chosen rate's runs: {(from, to): (accuracy, test
-    documents)}, the accuracy a mean over seeds; None where a run did not record it
+    documents)}, the accuracy a mean over seeds, the documents each seed's count there (one
+    number where every seed scored the same test split); None where a run did not record it
     (``test_by_length`` of metrics.json, written by runs trained since it exists)."""
     if not all(r.get("test_by_length") for r in sel.best):
         return None
@@ -180,7 +181,7 @@ def by_length(sel: Selection) -> dict[tuple[int, int], tuple[float, int]] | None
     for r in sel.best:
         for b in r["test_by_length"]:
             buckets.setdefault((b["length_from"], b["length_to"]), []).append((b["accuracy"], b["documents"]))
-    return {k: (sum(a for a, _ in v) / len(v), v[0][1]) for k, v in sorted(buckets.items())}
+    return {k: (sum(a for a, _ in v) / len(v), frozenset(n for _, n in v)) for k, v in sorted(buckets.items())}
 
 
 def atr_lengths(atr: dict[tuple, Selection]) -> dict[tuple, dict | None]:
@@ -192,6 +193,12 @@ def _length_bucket(lo: int, hi: int) -> str:
     return f"{lo}-{hi - 1}"
 
 
+def _documents(counts: set[int]) -> str:
+    """A length's test documents: the number, or "varies" where runs scored other test splits
+    (another --eval_size or --dataset_seed), "—" where no run has the length."""
+    return ("varies" if len(counts) > 1 else str(*counts)) if counts else "—"
+
+
 def atr_by_length_table(lengths: dict[tuple, dict | None]) -> str:
     """Test accuracy (%) by document length in tokens of each ATR configuration (``atr_lengths``),
     each language's row of test documents per length first."""
@@ -201,10 +208,9 @@ def atr_by_length_table(lengths: dict[tuple, dict | None]) -> str:
         models = {label: found for (label, t), found in lengths.items() if t == task}
         # the documents of each length: the same for every model scoring the language's one test
         # split ("varies" where runs scored other splits: another --eval_size or --dataset_seed)
-        counts = [{n for found in models.values() if found and k in found for n in [found[k][1]]} for k in columns]
+        counts = [set().union(*(found[k][1] for found in models.values() if found and k in found)) for k in columns]
         if any(counts):
-            lines.append([task, "(test documents)"] + [("varies" if len(n) > 1 else str(*n)) if n else "—"
-                                                       for n in counts])
+            lines.append([task, "(test documents)"] + [_documents(n) for n in counts])
         for label, found in models.items():
             lines.append([task, label] + ([f"{100 * found[k][0]:.1f}" if k in found else "—" for k in columns]
                                           if found else ["not recorded"] + [""] * (len(columns) - 1)))
@@ -396,12 +402,13 @@ def atr_by_length_figure(recorded: dict[tuple, dict | None], path: Path) -> Path
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4.2), sharey=True, squeeze=False)
     for ax, task in zip(axes[0], tasks):
         models = {label: found for (label, t), found in lengths.items() if t == task}
-        columns = sorted({k for found in models.values() for k, (_, n) in found.items() if n >= FEWEST_DOCUMENTS})
+        columns = sorted({k for found in models.values() for k, (_, n) in found.items() if min(n) >= FEWEST_DOCUMENTS})
         for label, found in models.items():
             ax.plot(range(len(columns)), [100 * found[k][0] if k in found else math.nan for k in columns],
                     label=label, **style[label])
-        documents = {k: n for found in models.values() for k, (_, n) in found.items()}
-        ax.set_xticks(range(len(columns)), [f"{_length_bucket(*k)}\n({documents[k]})" for k in columns], fontsize=8)
+        documents = {k: set().union(*(found[k][1] for found in models.values() if k in found)) for k in columns}
+        ax.set_xticks(range(len(columns)), [f"{_length_bucket(*k)}\n({_documents(documents[k])})" for k in columns],
+                      fontsize=8)
         ax.set_xlabel("document length in tokens (test documents)")
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)

@@ -313,16 +313,23 @@ def test_atr_accuracy_by_length_reads_each_models_chosen_runs(results, tmp_path,
     lines = grid_tables(results)["grid_atr_by_length"].splitlines()
     assert "| atr_medium | (test documents) | varies | 30 | 4 |" in lines
     assert "| atr_medium | mamba (conv 4) | 100.0 | 80.0 | — |" in lines
+    # so where one model's seeds did (its first seed's count is not the language's)
+    second["test_by_length"] = _lengths((0, 16, 41, 0.7), (16, 32, 31, 0.3), (32, 64, 4, 0.75))
+    lines = grid_tables(results)["grid_atr_by_length"].splitlines()
+    assert "| atr_medium | (test documents) | varies | varies | 4 |" in lines
+    assert "| atr_medium | transformer | 80.0 | 40.0 | 50.0 |" in lines
     # the figure: one line per model that recorded it, lengths with fewer than 10 documents left out
-    drawn, save = {}, plots.save_figure
+    drawn, ticks, save = {}, {}, plots.save_figure
 
     def look(fig, path, layout=True):
         drawn[path.name] = {ax.get_title(): {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
                             for ax in fig.axes}
+        ticks[path.name] = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
         return save(fig, path, layout)
     monkeypatch.setattr(plots, "save_figure", look)
     paper_grid.grid_figures(results, tmp_path)
     assert drawn["atr_by_length.png"] == {"atr_medium": {"transformer": [80.0, 40.0], "mamba (conv 4)": [100.0, 80.0]}}
+    assert ticks["atr_by_length.png"] == ["0-15\n(varies)", "16-31\n(varies)"]     # the documents, as the table
 
 
 def test_the_ablations_figure_and_table_stand_each_width_beside_the_other(results, tmp_path):
