@@ -112,6 +112,15 @@ def test_every_command_has_help(command, capsys):
     assert text.startswith(f"usage: mecheval {' '.join(command)} "), text[:80]
 
 
+def test_help_does_not_load_the_plotting_library():
+    """`mecheval --help` (every command's parser is built) imports no matplotlib: only drawing needs it."""
+    code = ("import sys\nfrom hf_mecheval.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"
+
+
 def test_train_help_gives_defaults_only_where_a_flag_has_one(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])

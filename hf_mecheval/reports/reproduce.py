@@ -48,7 +48,6 @@ from ..errors import ConfigError
 from ..runs import RunDir
 from ..runs.files import GridSettings
 from ..training.sweep import SWEEPS_DIR, Sweep, launch, write_results
-from .report import write_report
 
 PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba": "ar_mamba_conv.yaml",
            "ablation-based": "ar_based_kernel.yaml", "atr-no-conv": "atr_no_conv.yaml",
@@ -79,5 +78,7 @@ def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "
     write_results(sweep, out)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]
     finished = [r for r in runs if RunDir(r).finished]
+    from .report import write_report      # matplotlib: not for `mecheval --help`, which reads PRESETS
+
     report = write_report(finished, Path(out) / sweep.name / "report", overwrite=True, title=f"hf-mecheval: {preset}")
     return {"outcome": outcome, "report": report["out"]}
