@@ -234,7 +234,8 @@ def _report_results(args: argparse.Namespace) -> int:
     for document in filter(None, (args.update, args.check)):
         read_document(document)          # a document it cannot read fails now, not after every figure
     made = write_results_report(args.results)
-    print(f"{len(made['figures'])} figures and {args.results}/claims.md written from {args.results}/*/runs.json")
+    print(f"{len(made['figures'])} figures, each sweep's report.md and {args.results}/claims.md written from "
+          f"{args.results}/*/runs.json")
     if args.update:
         print(f"updated tables in {args.update}: {', '.join(update_document(args.update, made['tables'])) or 'none'}")
     if args.check:
@@ -517,8 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--overwrite", action="store_true",
                      help="write into --out even where it holds files hf-mecheval did not write there")
     rep.add_argument("--results", metavar="DIR",
-                     help="instead of runs: regenerate the figures and claims.md of a results folder (REPRODUCTION.md's "
-                          "results/) from its <sweep>/runs.json")
+                     help="instead of runs: regenerate the figures, report.md files and claims.md of a results "
+                          "folder (REPRODUCTION.md's results/) from its <sweep>/runs.json")
     rep.add_argument("--check", metavar="DOC", help="with --results: exit 1 if DOC's generated tables differ")
     rep.add_argument("--update", metavar="DOC", help="with --results: rewrite DOC's generated tables")
     rep.set_defaults(func=_report)

@@ -341,6 +341,34 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "hf-m
         return _write_report(collected, out, title, preamble, verdicts or [], verdicts_title)
 
 
+def further_tables(rows: list[dict]) -> list[str]:
+    """The Markdown tables after the runs table, in report.md and report.html: for MQAR runs the
+    accuracy per setting, near and far, by key position, and Zoology's Figure 2 beside its settings."""
+    if not mqar_rows(rows):
+        return []
+    return [t for t in (mqar_table(rows), key_position_table(rows),
+                        zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"])) if t]
+
+
+def report_markdown(rows: list[dict], figures_made: list[Path], tables: list[str], title: str = "hf-mecheval report",
+                    preamble: str = "", verdicts: list[dict] | None = None, verdicts_title: str = "Verdicts") -> str:
+    """report.md of ``rows`` (runs.json's): the verdicts, the runs table, the further ``tables``
+    (``further_tables``) and the figures ``figures_made`` (``figures``) by file name. From the rows
+    alone, so that ``mecheval report --results`` writes it again for sweeps whose run folders are
+    not committed."""
+    body = [f"# {title}", "", preamble, ""]
+    if verdicts:
+        body += [f"## {verdicts_title}", ""]
+        body += [f"- {'**reproduced**' if v['holds'] else '**not reproduced**'}: {v['claim']} — {v['figures']}"
+                 for v in verdicts]
+        body += [""]
+    body += [markdown_table(rows), ""]
+    if tables:
+        body += ["## MQAR", "", *tables, ""]
+    body += [f"![{p.stem}]({p.name})" for p in figures_made]
+    return "\n".join(body) + "\n"
+
+
 def _write_report(collected: list[tuple[dict, dict | None]], out: Path, title: str, preamble: str,
                   verdicts: list[dict], verdicts_title: str) -> dict:
     rows = [row for row, _ in collected]
@@ -353,20 +381,9 @@ def _write_report(collected: list[tuple[dict, dict | None]], out: Path, title: s
     writer.writerows(flat)
     write_text_atomic(out / "runs.csv", buffer.getvalue(), overwrite=True)
     write_text_atomic(out / "runs.json", json.dumps(rows, indent=1) + "\n", overwrite=True)
-    body = [f"# {title}", "", preamble, ""]
-    if verdicts:
-        body += [f"## {verdicts_title}", ""]
-        body += [f"- {'**reproduced**' if v['holds'] else '**not reproduced**'}: {v['claim']} — {v['figures']}"
-                 for v in verdicts]
-        body += [""]
-    body += [markdown_table(rows), ""]
-    tables = []          # further Markdown tables, in both pages
-    if mqar_rows(rows):      # accuracy per setting, near and far; Zoology's Figure 2 beside its settings
-        tables = [t for t in (mqar_table(rows), key_position_table(rows),
-                              zoology_table(rows, read_experiment("zoology", ["figure2"])["figure2"])) if t]
-        body += ["## MQAR", "", *tables, ""]
-    body += [f"![{p.stem}]({p.name})" for p in made]
-    write_text_atomic(out / "report.md", "\n".join(body) + "\n", overwrite=True)
+    tables = further_tables(rows)
+    write_text_atomic(out / "report.md", report_markdown(rows, made, tables, title, preamble, verdicts, verdicts_title),
+                      overwrite=True)
     page = html_page(title, preamble, rows, [grid for _, grid in collected], made, verdicts, verdicts_title,
                      sections=[("MQAR", tables)] if tables else [])
     write_text_atomic(out / "report.html", page, overwrite=True)

@@ -1,6 +1,6 @@
 """The tables and figures of REPRODUCTION.md, regenerated from the committed ``results/`` folder.
 
-    mecheval report --results results            # figures + results/claims.md from the JSON
+    mecheval report --results results            # figures, report.md files, claims.md from the JSON
     mecheval report --results results --check REPRODUCTION.md   # exit 1 if its tables are stale
 
 ``results/<sweep>/runs.json`` are the rows ``mecheval report`` writes for a sweep's run
@@ -29,7 +29,7 @@ from .mqar import key_position_table, mqar_table, zoology_table
 from .paper_grid import GRID_SWEEPS, grid_figures, grid_tables
 from .reference_figures import reference_figures
 from .reference_setting import SWEEPS as REFERENCE_SWEEPS, args_label, planned_runs, reference_tables
-from .report import figures
+from .report import figures, further_tables, report_markdown
 
 # each MQAR results folder and the packaged sweep file behind it
 MQAR_SWEEPS = {"cpu_mqar": "cpu/mqar", "cpu_mqar_zoology": "cpu/mqar_zoology"}
@@ -212,12 +212,17 @@ def mqar_plan(sweep: str) -> dict | None:
 
 # ---------------------------------------------------------------------------------- outputs
 def write_results_report(results_dir: str | Path) -> dict:
-    """Figures for every sweep folder and results/claims.md, all from the committed JSON."""
+    """Figures and report.md of every sweep folder, and results/claims.md, all from the committed JSON."""
     results_dir = Path(results_dir)
     results = load_results(results_dir)
     made = []
     for sweep, rows in results.items():
-        made += [str(p) for p in figures(rows, results_dir / sweep, mqar_plan(sweep))]
+        drawn = figures(rows, results_dir / sweep, mqar_plan(sweep))
+        # report.md as `mecheval report` writes it, from the rows: current for sweeps whose run
+        # folders are not committed as well (their runs.json is all there is)
+        write_text_atomic(results_dir / sweep / "report.md", report_markdown(rows, drawn, further_tables(rows)),
+                          overwrite=True)
+        made += [str(p) for p in drawn]
     if results.get("cpu_ar"):
         figure = inner_sites_figure(results["cpu_ar"], results_dir / "cpu_ar" / "mamba_inner_sites.png")
         made += [str(figure)] if figure else []

@@ -56,11 +56,19 @@ def test_report_results_command_regenerates_and_checks(tmp_path, capsys):
     assert mecheval(["report", "--results", str(results), "--check", str(tmp_path / "missing.md")]) == 2
     assert "missing.md" in capsys.readouterr().err
     assert not any(results.rglob("*.png"))
+    (results / "cpu_ar" / "report.md").write_text("| baseconv (d=64) | 31.2 % |\n")
     doc = tmp_path / "DOC.md"
     doc.write_text("intro\n<!-- table:claim1 -->\nold\n<!-- /table:claim1 -->\nend\n")
     assert mecheval(["report", "--results", str(results), "--check", str(doc)]) == 1
     assert "claim1" in capsys.readouterr().err
     assert (results / "cpu_ar" / "accuracy.png").exists() and (results / "cpu_ar" / "mamba_inner_sites.png").exists()
+    # each sweep's report.md written again from its runs.json alone: as `mecheval report RUN...`
+    # wrote it from the run folders (the sweeps whose folders are committed), and current where
+    # they are not (cpu_ar, cpu_ablations, cpu_atr: one made stale here first)
+    reports = sorted(p.relative_to(results) for p in results.glob("*/report.md"))
+    assert len(reports) == len(list(results.glob("*/runs.json"))) >= 10
+    for name in reports:
+        assert (results / name).read_text() == (REPO / "results" / name).read_text(), name
     assert mecheval(["report", "--results", str(results), "--update", str(doc)]) == 0
     text = doc.read_text()
     assert text.startswith("intro\n") and text.endswith("end\n") and "old" not in text
