@@ -193,6 +193,11 @@ def _length_bucket(lo: int, hi: int) -> str:
     return f"{lo}-{hi - 1}"
 
 
+def _documents_at(models: dict[str, dict | None], length: tuple[int, int]) -> set[int]:
+    """Every count of test documents of ``length`` that the models (label: ``by_length``) recorded."""
+    return set().union(*(found[length][1] for found in models.values() if found and length in found))
+
+
 def _documents(counts: set[int]) -> str:
     """A length's test documents: the number, or "varies" where runs scored other test splits
     (another --eval_size or --dataset_seed), "—" where no run has the length."""
@@ -208,7 +213,7 @@ def atr_by_length_table(lengths: dict[tuple, dict | None]) -> str:
         models = {label: found for (label, t), found in lengths.items() if t == task}
         # the documents of each length: the same for every model scoring the language's one test
         # split ("varies" where runs scored other splits: another --eval_size or --dataset_seed)
-        counts = [set().union(*(found[k][1] for found in models.values() if found and k in found)) for k in columns]
+        counts = [_documents_at(models, k) for k in columns]
         if any(counts):
             lines.append([task, "(test documents)"] + [_documents(n) for n in counts])
         for label, found in models.items():
@@ -406,9 +411,8 @@ def atr_by_length_figure(recorded: dict[tuple, dict | None], path: Path) -> Path
         for label, found in models.items():
             ax.plot(range(len(columns)), [100 * found[k][0] if k in found else math.nan for k in columns],
                     label=label, **style[label])
-        documents = {k: set().union(*(found[k][1] for found in models.values() if k in found)) for k in columns}
-        ax.set_xticks(range(len(columns)), [f"{_length_bucket(*k)}\n({_documents(documents[k])})" for k in columns],
-                      fontsize=8)
+        ax.set_xticks(range(len(columns)), [f"{_length_bucket(*k)}\n({_documents(_documents_at(models, k))})"
+                                            for k in columns], fontsize=8)
         ax.set_xlabel("document length in tokens (test documents)")
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)
