@@ -189,20 +189,32 @@ def _mechanism_plane(rows: list[dict], x: str, y: str, path: Path) -> Path:
     depth where the rows hold several), named once in a legend beside the axes with its number of
     runs. Text beside each point ran into its neighbours wherever runs sat close
     together; a legend cannot, and hollow shapes of different forms stay visible on one spot (the
-    width sweep puts four models at (@query 1, @key 0)). Marker size: test accuracy."""
+    width sweep puts four models at (@query 1, @key 0)). Where the rows hold several tasks, the
+    shape is the task's, so one architecture's runs on every task share its colour and each
+    task's runs one shape (a shape per model would reuse shapes past twelve models, and two of
+    one architecture would then look alike). Marker size: test accuracy."""
     rows = [r for r in rows if r.get(f"@{x}") is not None and r.get(f"@{y}") is not None]
     several_tasks = len({r.get("task") for r in rows}) > 1
     names = figure_labels(rows)
     models = sorted(set(names))
-    colours = architecture_colours(models)
+    if several_tasks:       # names read "task: model"
+        tasks = sorted({str(r.get("task")) for r in rows})
+        task_of = {name: str(r.get("task")) for r, name in zip(rows, names)}
+        model_of = {name: name.split(": ", 1)[1] for name in models}
+        model_colours = architecture_colours(model_of.values())
+        colours = {name: model_colours[model_of[name]] for name in models}
+        shapes = {name: SCATTER_MARKERS[tasks.index(task_of[name]) % len(SCATTER_MARKERS)] for name in models}
+    else:
+        colours = architecture_colours(models)
+        shapes = {name: SCATTER_MARKERS[i % len(SCATTER_MARKERS)] for i, name in enumerate(models)}
     fig, ax = plt.subplots(figsize=(7.6, 5))
     if not rows:      # an empty plane says why it is empty
         ax.text(0.5, 0.5, f"no run has a restoration score @{x} and @{y}", ha="center", va="center",
                 transform=ax.transAxes)
-    for i, model in enumerate(models):
+    for model in models:
         mine = [r for r, name in zip(rows, names) if name == model]
         ax.scatter([r[f"@{x}"] for r in mine], [r[f"@{y}"] for r in mine], s=[40 + 120 * r["test_accuracy"] for r in mine],
-                   marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)], facecolors="none", edgecolors=colours[model],
+                   marker=shapes[model], facecolors="none", edgecolors=colours[model],
                    linewidths=1.6, label=model if len(mine) == 1 else f"{model} ×{len(mine)}")
     # the paper's plane is [0, 1]^2 with a margin; a run beyond it (a Transformer's @value 1.3) widens it
     xs, ys = [r[f"@{x}"] for r in rows] or [0.0], [r[f"@{y}"] for r in rows] or [0.0]

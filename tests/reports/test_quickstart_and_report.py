@@ -227,6 +227,33 @@ def test_the_mechanism_plane_names_each_model_once_beside_the_axes_and_keeps_eve
             assert all(x0 < px < x1 and y0 < py < y1 for px, py in points), (name, label, seen["limits"])
 
 
+def test_the_mechanism_plane_over_several_tasks_colours_the_architecture_and_shapes_the_task(tmp_path, monkeypatch):
+    from matplotlib.colors import to_rgba
+
+    from hf_mecheval.reports import report
+    from hf_mecheval.reports.plots import ARCHITECTURE_ORDER
+
+    # the ATR languages' sweep in small: two architectures on three tasks, Based on one
+    rows = [{"run": f"{task}_{label}", "label": label, "architecture": label.split()[0], "hidden_size": 64,
+             "layers": 2, "conv_kernel": None, "task": task, "learning_rate": 1e-3, "seed": 0,
+             "test_accuracy": 0.9, "mechanism": None, "@key": 0.1 * i, "@value": 0.5, "@query": 0.2}
+            for i, (task, label) in enumerate([(t, m) for t in ("atr_easy", "atr_gen", "atr_medium")
+                                               for m in ("transformer", "mamba (conv 4)")] + [("atr_gen", "based")])]
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig) or path)
+    report._mechanism_plane(rows, "query", "key", tmp_path / "plane.png")
+    drawn = {c.get_label(): (to_rgba(c.get_edgecolor()[0], 1.0), c.get_paths()[0].vertices.tobytes())
+             for c in figures[0].axes[0].collections if c.get_label() and not c.get_label().startswith("_")}
+    assert sorted(drawn) == sorted(f"{r['task']}: {r['label']}" for r in rows)
+    for name, (colour, _) in drawn.items():        # an architecture's colour on every task
+        assert colour == to_rgba(f"C{ARCHITECTURE_ORDER.index(name.split(': ')[1].split()[0])}"), name
+    shape_of_task = {}
+    for name, (_, shape) in drawn.items():          # one shape per task, a different one for each task
+        shape_of_task.setdefault(name.split(": ")[0], set()).add(shape)
+    assert all(len(shapes) == 1 for shapes in shape_of_task.values()), shape_of_task
+    assert len({next(iter(shapes)) for shapes in shape_of_task.values()}) == 3
+
+
 def test_accuracy_against_width_draws_each_architecture_in_its_own_colour(tmp_path, monkeypatch):
     from matplotlib.colors import to_rgba
 
