@@ -28,12 +28,24 @@ def architecture_rank(label: str) -> int:
     return ARCHITECTURE_ORDER.index(name) if name in ARCHITECTURE_ORDER else len(ARCHITECTURE_ORDER)
 
 
+# how ``model_label`` names each architecture's default configuration: by the architecture alone,
+# Mamba's with its short-convolution width, which it always names
+DEFAULT_CONFIGURATION_LABELS = ARCHITECTURE_ORDER + ("mamba (conv 4)",)
+
+
+def is_default_configuration(label: str) -> bool:
+    """Whether a figure's label names its architecture's default configuration ("based",
+    "mamba (conv 4)", "transformer, 3 layers"; not "based (positions)" or "mamba (conv 0)")."""
+    return re.sub(r", \d+ layers?$", "", label) in DEFAULT_CONFIGURATION_LABELS
+
+
 def architecture_colours(labels) -> dict[str, str]:
     """One colour per architecture in every figure, the same one whichever others are drawn (the
     Transformer C0, Based C1, ... in ``ARCHITECTURE_ORDER``). Where labels share an architecture
-    ("based", "based (positions)") the first of them (sorted) keeps its colour; the others, and
-    labels outside the nine, take in turn the colours no architecture drawn here holds."""
-    labels = sorted(set(labels))
+    ("based", "based (positions)") its default configuration keeps the colour (else the first
+    label, sorted); the others, and labels outside the nine, take in turn the colours no
+    architecture drawn here holds."""
+    labels = sorted(set(labels), key=lambda label: (not is_default_configuration(label), label))
     colours, rest = {}, []
     for label in labels:
         rank = architecture_rank(label)

@@ -113,9 +113,11 @@ def test_an_architecture_keeps_its_colour_whichever_others_have_landed():
     more = architecture_colours(["transformer", "h3", "based", "mamba (conv 4)", "gated_deltanet"])
     assert few == {"transformer": "C0", "mamba (conv 4)": "C2"}
     assert {k: more[k] for k in few} == few and more["gated_deltanet"] == "C8"
-    # two labels of one architecture: the first keeps it, the second takes the first colour no
-    # architecture drawn holds; so does a label outside the nine, and the others keep theirs
-    assert architecture_colours(["mamba (conv 0)", "mamba (conv 4)"]) == {"mamba (conv 0)": "C2", "mamba (conv 4)": "C0"}
+    # two labels of one architecture: its default configuration keeps it (Mamba's is conv 4, though
+    # conv 0 sorts first), the other takes the first colour no architecture drawn holds; so does a
+    # label outside the nine, and the others keep theirs
+    assert architecture_colours(["mamba (conv 0)", "mamba (conv 4)"]) == {"mamba (conv 4)": "C2", "mamba (conv 0)": "C0"}
+    assert architecture_colours(["mamba (conv 2)", "mamba (conv 3)"]) == {"mamba (conv 2)": "C2", "mamba (conv 3)": "C0"}
     assert architecture_colours(["hf:gpt2", "transformer"]) == {"hf:gpt2": "C1", "transformer": "C0"}
     width_sweep = architecture_colours(["based", "based (positions)", "baseconv", "deltanet", "h3", "hyena",
                                         "mamba (conv 4)", "mamba (conv 4, positions)", "transformer"])
