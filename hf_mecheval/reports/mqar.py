@@ -23,7 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..runs.files import format_score  # noqa: E402
 from ..training.sweep import best_learning_rate, has_every_planned_run  # noqa: E402
-from .plots import architecture_colours, architecture_rank, save_figure  # noqa: E402
+from .labels import architecture_rank  # noqa: E402
+from .plots import architecture_colours, save_figure  # noqa: E402
 
 
 def mqar_rows(rows: list[dict]) -> list[dict]:

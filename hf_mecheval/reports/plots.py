@@ -13,30 +13,9 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from ..atomic_files import atomic_path  # noqa: E402
+from .labels import ARCHITECTURE_ORDER, architecture_rank, is_default_configuration  # noqa: E402
 
 RESIDUAL = ("input",)
-# the order in which the reports list the architectures, and in which a figure that colours by
-# architecture gives each its colour (C0, C1, ...): the paper's seven, then the two beyond it
-ARCHITECTURE_ORDER = ("transformer", "based", "mamba", "deltanet", "hyena", "h3", "baseconv", "mamba2",
-                      "gated_deltanet")
-
-
-def architecture_rank(label: str) -> int:
-    """The place in ``ARCHITECTURE_ORDER`` of a label's architecture ("mamba (conv 4)": mamba's);
-    labels outside the nine after them."""
-    name = re.match(r"\w*", label).group()           # "transformer, 3 layers": transformer
-    return ARCHITECTURE_ORDER.index(name) if name in ARCHITECTURE_ORDER else len(ARCHITECTURE_ORDER)
-
-
-# how ``model_label`` names each architecture's default configuration: by the architecture alone,
-# Mamba's with its short-convolution width, which it always names
-DEFAULT_CONFIGURATION_LABELS = ARCHITECTURE_ORDER + ("mamba (conv 4)",)
-
-
-def is_default_configuration(label: str) -> bool:
-    """Whether a figure's label names its architecture's default configuration ("based",
-    "mamba (conv 4)", "transformer, 3 layers"; not "based (positions)" or "mamba (conv 0)")."""
-    return re.sub(r", \d+ layers?$", "", label) in DEFAULT_CONFIGURATION_LABELS
 
 
 def architecture_colours(labels) -> dict[str, str]:

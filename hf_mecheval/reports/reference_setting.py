@@ -22,8 +22,7 @@ from typing import Any, Iterable
 from ..experiments import read_experiment
 from ..training.sweep import Sweep, best_learning_rate, has_every_planned_run, mean_validation_accuracy, sweep_file
 from ..runs.files import run_seconds
-from .plots import architecture_rank
-from .report import model_label
+from .labels import architecture_rank, model_label
 
 # Each table's sweeps: the reference's recipe (its initialisation, no clipping: ``reference/recipe_*``)
 # and hf-mecheval's earlier one (every linear weight N(0, 0.02), clipping at 1.0: ``reference/ar``,

@@ -41,6 +41,7 @@ from ..runs.run_dir import init_scheme_of  # noqa: E402
 from ..experiments import read_experiment  # noqa: E402
 from .html_report import html_page  # noqa: E402
 from .mqar import key_position_table, mqar_figures, mqar_rows, mqar_table, zoology_table  # noqa: E402
+from .labels import run_label  # noqa: E402
 from .plots import architecture_colours, broken_line, save_figure  # noqa: E402
 from ..training.sweep import best_learning_rate  # noqa: E402
 
@@ -56,30 +57,6 @@ def _train_seconds(metrics: dict) -> float | None:
     entries = history if isinstance(history, list) else []     # optional: a missing or odd one is no time
     times = [e["train_runtime"] for e in entries if isinstance(e, dict) and "train_runtime" in e]
     return times[-1] if times else None
-
-
-def run_label(record: dict) -> str:
-    return model_label(record["model"])
-
-
-def model_label(model: dict) -> str:
-    """A configuration's name in tables: the architecture, with the short-convolution width where
-    it is an ablation knob (Mamba always, Based when not its default 3), "no positions" for a
-    Transformer without position embeddings and "positions" for another of our architectures given
-    learned ones (the max_position_embeddings of transformers' own models is their context length,
-    not named). ``model``: a run record's model fields, or a sweep run's ``architecture`` with its
-    ``model_config``."""
-    arch = model.get("architecture", model.get("model_type", "?"))
-    extra = []
-    if arch == "mamba":
-        extra.append(f"conv {model.get('conv_kernel', 4)}")
-    if arch == "based" and model.get("short_conv_kernel", 3) != 3:
-        extra.append(f"conv {model.get('short_conv_kernel')}")
-    if arch == "transformer" and model.get("max_position_embeddings") == 0:
-        extra.append("no positions")
-    if arch != "transformer" and not arch.startswith("hf:") and (model.get("max_position_embeddings") or 0) > 0:
-        extra.append("positions")
-    return f"{arch} ({', '.join(extra)})" if extra else arch
 
 
 def collect_runs(run_dirs: list[str | Path]) -> list[dict]:

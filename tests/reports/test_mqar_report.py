@@ -2,7 +2,8 @@
 table with near and far labels, Zoology's Figure 2 beside ours, and the figures; from rows made
 by hand (the functions are pure functions of `mecheval report`'s rows)."""
 from hf_mecheval.experiments import read_experiment
-from hf_mecheval.reports.plots import ARCHITECTURE_ORDER, architecture_colours
+from hf_mecheval.reports.labels import ARCHITECTURE_ORDER
+from hf_mecheval.reports.plots import architecture_colours
 from hf_mecheval.reports.mqar import (_plane_point, chosen_runs, key_position_table, mqar_figures, mqar_table,
                                      setting_accuracy, zoology_table)
 

@@ -5,7 +5,7 @@ import pytest
 
 from hf_mecheval.reports.paper_grid import (_dodge, claims_by_width, grid_figures, grid_rows, grid_tables,
                                             grid_verdicts)
-from hf_mecheval.reports.report import model_label
+from hf_mecheval.reports.labels import model_label
 from hf_mecheval.runs.files import run_cost
 from hf_mecheval.training.sweep import Sweep
 

@@ -180,7 +180,7 @@ def test_the_mechanism_plane_names_each_model_once_beside_the_axes_and_keeps_eve
     from matplotlib.colors import to_rgba
 
     from hf_mecheval.reports import report
-    from hf_mecheval.reports.plots import ARCHITECTURE_ORDER
+    from hf_mecheval.reports.labels import ARCHITECTURE_ORDER
 
     # the width sweep's picture: two models induce (@value 1), three retrieve at the query (@query 1),
     # so the runs stand in two crowds; one Transformer's @value (1.31) lies beyond the paper's plane
@@ -231,7 +231,7 @@ def test_the_mechanism_plane_over_several_tasks_colours_the_architecture_and_sha
     from matplotlib.colors import to_rgba
 
     from hf_mecheval.reports import report
-    from hf_mecheval.reports.plots import ARCHITECTURE_ORDER
+    from hf_mecheval.reports.labels import ARCHITECTURE_ORDER
 
     # the ATR languages' sweep in small: two architectures on three tasks, Based on one
     rows = [{"run": f"{task}_{label}", "label": label, "architecture": label.split()[0], "hidden_size": 64,
