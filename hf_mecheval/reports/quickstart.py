@@ -1,7 +1,7 @@
 """``mecheval quickstart``: a small version of the paper's main experiment on a CPU.
 
 Trains eight models on a reduced AR setting, runs the intervention grid on each, and writes
-``runs/quickstart/`` (``report.md``, ``report.html``, figures, ``summary.json``/``.csv``, one run
+``runs/quickstart/`` (``report.md``, ``report.html``, figures, ``summary.json``, ``runs.csv``/``.json``, one run
 directory per model); while it trains, it shows each run in flight (``training/progress.py``).
 The report checks the paper's headline on this setting and says plainly which parts it
 reproduces and which it does not, with the figures. Runs that already finished are reused, so
