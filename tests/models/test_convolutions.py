@@ -154,10 +154,21 @@ def test_short_conv_equals_depthwise_conv1d(width):
     torch.testing.assert_close(conv(x), want)
 
 
-def test_direct_conv_under_bfloat16_autocast_matches_plain_autograd():
+def test_direct_conv_under_bfloat16_autocast_within_bfloat16_rounding_of_exact():
+    """Under bfloat16 autocast each direct path (the hand-written backward, grouped conv1d under
+    autograd, the compiled convolution) returns float32 gradients within bfloat16's rounding of
+    the exact float64 ones. The bound is per element, first-order rounding analysis: about six
+    roundings of 2^-9 each (u, k, y, y's gradient, the gradient out) times the same gradient taken
+    on |u| and |k| (what the sums' magnitudes are), i.e. 3 * 2^-8 * that; asserted at twice that.
+    Measured: at most 2.8 * 2^-8 over 300 seeds (x86 without AVX-512); comparing the bfloat16
+    paths with each other elementwise instead failed on another CPU, whose bfloat16 kernels round
+    differently."""
     u, k = _inputs(dtype=torch.float32)
     k = k[:, :u.shape[1]].contiguous()
-    grads = []
+    exact_u, exact_k = u.double().requires_grad_(), k.double().requires_grad_()
+    DirectCausalConv.apply(exact_u, exact_k).square().sum().backward()
+    size_u, size_k = u.double().abs().requires_grad_(), k.double().abs().requires_grad_()
+    DirectCausalConv.apply(size_u, size_k).square().sum().backward()
     convs = (DirectCausalConv.apply, _grouped_causal_conv) + ((compiled_conv,) if cpu_kernels.available() else ())
     for conv in convs:
         a, b = u.clone().requires_grad_(), k.clone().requires_grad_()
@@ -165,10 +176,9 @@ def test_direct_conv_under_bfloat16_autocast_matches_plain_autograd():
             y = conv(a, b)
         y.float().square().sum().backward()
         assert a.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
-        grads.append((a.grad, b.grad))
-    for fast in grads[:1] + grads[2:]:
-        for mine, want in zip(fast, grads[1]):
-            torch.testing.assert_close(mine, want, atol=0.05, rtol=0.02)
+        for got, exact, size in ((a.grad, exact_u.grad, size_u.grad), (b.grad, exact_k.grad, size_k.grad)):
+            error = (got.double() - exact).abs()
+            assert (error <= 6 * 2 ** -8 * size + 1e-6).all(), (conv, (error / size).max().item() * 2 ** 8)
 
 
 @needs_compiler
