@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import re
 from pathlib import Path
 
 import matplotlib

@@ -1,12 +1,13 @@
 """``mecheval quickstart``: a small version of the paper's main experiment on a CPU.
 
 Trains eight models on a reduced AR setting, runs the intervention grid on each, and writes
-``runs/quickstart/`` (``report.md``, ``report.html``, figures, ``summary.json``, ``runs.csv``/``.json``, one run
-directory per model); while it trains, it shows each run in flight (``training/progress.py``).
-The report checks the paper's headline on this setting and says plainly which parts it
-reproduces and which it does not, with the figures. Runs that already finished are reused, so
-an interrupted quickstart continues where it stopped — only if they were trained with the
-arguments asked for now: a ``--tiny`` folder is refused for the full quickstart, naming what differs.
+``runs/quickstart/`` (``report.md``, ``report.html``, figures, ``summary.json``,
+``runs.csv``/``.json``, one run directory per model); while it trains, it shows each run in
+flight (``training/progress.py``). The report checks the paper's headline on this setting and
+says plainly which parts it reproduces and which it does not, with the figures. Runs that
+already finished are reused, so an interrupted quickstart continues where it stopped — only if
+they were trained with the arguments asked for now: a ``--tiny`` folder is refused for the full
+quickstart, naming what differs.
 
 The experiment itself is data: ``hf_mecheval/experiments/quickstart.yaml`` (``QuickstartPlan``)
 holds the reduced setting (AR with 32 keys and 32 values, 4 pairs per document, 2 layers of width
