@@ -113,8 +113,10 @@ class NativeSites:
         return self.model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
 
     def answer_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(R, D) final hidden states -> (R, V) logits, with the family's final scaling if any."""
-        logits = self.lm_head(hidden).float()
+        """(R, D) final hidden states -> (R, V) logits in float32 or wider (as the engine's), with the
+        family's final scaling if any."""
+        logits = self.lm_head(hidden)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         config = self.model.config
         cap = getattr(config, "final_logit_softcapping", None)
         if cap:

@@ -76,8 +76,10 @@ class InterventionEngine:
         return probs[rows, answer], logits[rows, answer], logits.argmax(-1)
 
     def answer_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(R, D) residual after the last block -> (R, V) float logits."""
-        return self.model.lm_head(self.backbone.norm_f(h)).float()
+        """(R, D) residual after the last block -> (R, V) logits in float32 or wider (a half-precision
+        model's are widened; a float64 model's stay float64)."""
+        logits = self.model.lm_head(self.backbone.norm_f(h))
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     @property
     def num_layers(self) -> int:

@@ -43,11 +43,18 @@ def test_mamba_mixer_matches_transformers_mamba_mixer(path):
     w = torch.randn_like(y_ours)
     (y_ours * w).sum().backward()
     (y_theirs * w).sum().backward()
-    assert torch.allclose(u_ours.grad, u_theirs.grad, atol=1e-5)
+    # each gradient within 1e-5 of its own largest entry: the two float32 computations differ by at
+    # most 8.5e-7 of it (seeds 0-4, one and two threads), where A_log's and dt's gradients are
+    # small beside the others' (an absolute tolerance fit for the largest would hide an error in them)
+    grads = {"input": (u_ours.grad, u_theirs.grad),
+             "conv.weight": (ours.conv.weight.grad, theirs.conv1d.weight.grad),
+             "conv.bias": (ours.conv.bias.grad, theirs.conv1d.bias.grad),
+             "dt_proj.weight": (ours.dt_proj.weight.grad, theirs.dt_proj.weight.grad),
+             "dt_bias": (ours.dt_bias.grad, theirs.dt_proj.bias.grad)}
     for name in ("in_proj.weight", "x_proj.weight", "out_proj.weight", "A_log", "D"):
-        assert torch.allclose(ours.get_parameter(name).grad, theirs.get_parameter(name).grad, atol=1e-4), name
-    assert torch.allclose(ours.conv.weight.grad, theirs.conv1d.weight.grad, atol=1e-4)
-    assert torch.allclose(ours.dt_bias.grad, theirs.dt_proj.bias.grad, atol=1e-4)
+        grads[name] = (ours.get_parameter(name).grad, theirs.get_parameter(name).grad)
+    for name, (mine, reference) in grads.items():
+        torch.testing.assert_close(mine, reference, rtol=0, atol=1e-5 * float(reference.abs().max()), msg=name)
 
 
 def test_answer_only_path_matches_transformers_at_the_kept_positions():

@@ -41,14 +41,34 @@ def test_card_is_written_after_training(run_dir):
     assert "Not evaluated yet" in card.text
 
 
-def test_card_gains_restoration_after_evaluate(run_dir):
+def _quoted_restoration(card) -> dict:
+    """{position: value} of the card's restoration entries ("restoration @value (last layer ...)")."""
+    return {r.metric_name.split()[1].lstrip("@"): r.metric_value
+            for r in card.data.eval_results if r.metric_type == "restoration"}
+
+
+def test_card_gains_restoration_after_evaluate(run_dir, tmp_path, monkeypatch):
     from hf_mecheval.reports.evaluate_run import evaluate_run
 
     result = evaluate_run(run_dir, n=16, n_resamples=20, progress=False, overwrite=True)
     card = ModelCard.load(run_dir / "README.md")
     assert card.data.to_dict()["mechanism"] == result["mechanism"]["label"]
-    names = [r.metric_name for r in card.data.eval_results]
-    assert any("restoration @value" in n for n in names) or result["corruptions"]["key"]["denominator"] <= 0.1
+    # the card quotes the key-corruption cells at the last layer's input as the grid holds them,
+    # leaving out those without a restoration (a denominator too small to divide by)
+    cells = result["corruptions"]["key"]["cells"]
+    last = f"layers.{max(c['layer'] for c in cells)}.input"
+    assert _quoted_restoration(card) == {c["position"]: round(c["restoration"], 4) for c in cells
+                                         if c["site"] == last and c["restoration"] is not None}
+    # this 4-step model hardly moves its answer when the key is corrupted (no restoration to
+    # quote), so a grid with one is stood in for: each number is quoted to 4 places, a missing one left out
+    summary = {"@key": 0.123456, "@value": 0.87654321, "@query": None, "mechanism": "induction",
+               "confidence": "high", "reason": "restored at the value"}
+    monkeypatch.setattr(model_card, "last_layer_summary", lambda result: summary)
+    copy = shutil.copytree(run_dir, tmp_path / "copy")
+    model_card.write_model_card(copy)
+    card = ModelCard.load(copy / "README.md")
+    assert _quoted_restoration(card) == {"key": 0.1235, "value": 0.8765}
+    assert card.data.to_dict()["mechanism"] == "induction" and "Label: **induction** (high confidence)" in card.text
 
 
 def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):

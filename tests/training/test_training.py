@@ -405,11 +405,31 @@ def test_gradient_accumulation_logs_the_same_loss(tmp_path):
     assert logged[0] == pytest.approx(logged[1], rel=1e-5)
 
 
-def test_gradient_checkpointing_flag_trains_the_same(tmp_path):
-    logged = []
+class CountMixerCalls(TrainerCallback):
+    """The first layer's token mixer calls in each training step (a pre-hook: a recomputation in
+    backward stops once it has its saved tensors back, which can be inside the mixer)."""
+
+    def __init__(self):
+        self.per_step, self.calls = [], 0
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        model.model.layers[0].mixer.register_forward_pre_hook(lambda *a: setattr(self, "calls", self.calls + 1))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.per_step.append(self.calls)
+        self.calls = 0
+
+
+def test_gradient_checkpointing_flag_recomputes_and_trains_the_same(tmp_path):
+    logged, calls = [], []
     for name, flags in (("plain", []), ("checkpointed", ["--gradient_checkpointing", "true"])):
-        assert main(run_args(tmp_path / name, *SHORT, "--max_steps", "3", "--logging_steps", "1", *flags)) == 0
+        counter = CountMixerCalls()
+        train(RunSpec.from_flags(run_args(tmp_path / name, *SHORT, "--max_steps", "3", "--logging_steps", "1",
+                                          *flags)), callbacks=[counter])
         logged.append([loss for _, loss in losses(tmp_path / name)])
+        calls.append(counter.per_step)
+    # the flag reaches the model: each step's forward runs the mixer once, and again in backward
+    assert calls == [[1, 1, 1], [2, 2, 2]]
     assert logged[0] == pytest.approx(logged[1], rel=1e-5)
 
 
