@@ -264,9 +264,10 @@ def test_a_cell_without_one_thread_runs_shows_its_two_thread_runs(results):
             r.update(threads=2, global_step=50016, train_segment_times=[
                 {"steps": 50016, "wall_seconds": 3600.0, "cpu_seconds": 7200.0, "threads": 2}])
     cost = grid_tables(results)["grid_run_cost"]
-    n = sum(1 for r in results["ref_width_ar"] if r["architecture"] == "hyena" and r["hidden_size"] == 256)
+    n = {width: sum(1 for r in results["ref_width_ar"] if r["architecture"] == "hyena" and r["hidden_size"] == width)
+         for width in (128, 256)}                                      # the runs the sweep plans
     hyena = next(l for l in cost.splitlines() if l.startswith("| hyena |"))
-    assert hyena.endswith(f"| 240 / 120 (3) | 60 / 120 ({n}, 2 threads) |")
+    assert hyena.endswith(f"| 240 / 120 ({n[128]}) | 60 / 120 ({n[256]}, 2 threads) |")
     # one run of the cell at one thread: the cell is that run's
     one = next(r for r in results["ref_width_ar"] if r["architecture"] == "hyena" and r["hidden_size"] == 256)
     one["train_segment_times"][0]["threads"] = 1
