@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import MechEvalError
+from ..models.modeling_mecheval import at_least_float32
 
 # names of a decoder layer's token mixer across transformers families, most common first
 MIXER_NAMES = ("self_attn", "attn", "mixer", "attention", "self_attention", "linear_attn", "token_mixer")
@@ -115,8 +116,7 @@ class NativeSites:
     def answer_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(R, D) final hidden states -> (R, V) logits in float32 or wider (as the engine's), with the
         family's final scaling if any."""
-        logits = self.lm_head(hidden)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        logits = at_least_float32(self.lm_head(hidden))
         config = self.model.config
         cap = getattr(config, "final_logit_softcapping", None)
         if cap:

@@ -33,6 +33,7 @@ import re
 import torch
 
 from ..errors import MechEvalError
+from ..models.modeling_mecheval import at_least_float32
 
 _LAYER = re.compile(r"^layers\.(\d+)\.")
 
@@ -78,8 +79,7 @@ class InterventionEngine:
     def answer_logits(self, h: torch.Tensor) -> torch.Tensor:
         """(R, D) residual after the last block -> (R, V) logits in float32 or wider (a half-precision
         model's are widened; a float64 model's stay float64)."""
-        logits = self.model.lm_head(self.backbone.norm_f(h))
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return at_least_float32(self.model.lm_head(self.backbone.norm_f(h)))
 
     @property
     def num_layers(self) -> int:

@@ -57,9 +57,9 @@ from .sites import Site
 IGNORE_INDEX = -100
 
 
-def for_loss(logits: torch.Tensor) -> torch.Tensor:
-    """Logits as the loss takes them: in float32 or wider (a half-precision model's are widened, a
-    float64 model's stay float64)."""
+def at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Logits as the loss and the probabilities read them: in float32 or wider (a half-precision
+    model's are widened, a float64 model's stay float64)."""
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
@@ -92,7 +92,7 @@ def logits_and_loss_at_answers(lm_head: nn.Module, h: torch.Tensor, targets: tor
     source = torch.where(scored, slots, first_pad) + k * torch.arange(B, device=h.device)[:, None]
     rows, inverse = torch.unique(source.flatten(), return_inverse=True)        # (R,), (B * k,)
     logits = lm_head(h.flatten(0, 1)[rows])                                    # (R, V)
-    loss = F.cross_entropy(for_loss(logits), targets.flatten()[rows], ignore_index=IGNORE_INDEX)
+    loss = F.cross_entropy(at_least_float32(logits), targets.flatten()[rows], ignore_index=IGNORE_INDEX)
     return (logits[inverse].unflatten(0, (B, k)) if with_logits else None), loss
 
 
@@ -596,11 +596,11 @@ class MechEvalForCausalLM(MechEvalPreTrainedModel, GenerationMixin):
                                                       with_logits=not skip_logits)
         elif keep is not None:
             logits = self.lm_head(h)                                           # (B, 1, V)
-            loss = F.cross_entropy(for_loss(logits[:, 0]), targets.gather(1, keep)[:, 0])
+            loss = F.cross_entropy(at_least_float32(logits[:, 0]), targets.gather(1, keep)[:, 0])
         elif targets is not None:
             logits = self.lm_head(h)
             scored = logits[:, :targets.shape[1]]
-            loss = F.cross_entropy(for_loss(scored.flatten(0, 1)), targets.flatten(), ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(at_least_float32(scored.flatten(0, 1)), targets.flatten(), ignore_index=IGNORE_INDEX)
         else:
             logits = self.lm_head(slice_logits_to_keep(h, logits_to_keep))
         if skip_logits:

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .errors import MechEvalError
-from .modeling_mecheval import IGNORE_INDEX, MechEvalForCausalLM, for_loss, scored_positions
+from .modeling_mecheval import IGNORE_INDEX, MechEvalForCausalLM, at_least_float32, scored_positions
 
 
 @dataclasses.dataclass
@@ -96,9 +96,9 @@ class StackedCausalLM(nn.Module):
         head = params.get("lm_head.weight", params["model.embed_tokens.weight"])         # tied: (V, D)
         if targets.dim() == 2:                                                           # several answers
             logits = h @ head.T                                                          # (B, k, V)
-            return F.cross_entropy(for_loss(logits.flatten(0, 1)), targets.flatten(), ignore_index=IGNORE_INDEX), logits
+            return F.cross_entropy(at_least_float32(logits.flatten(0, 1)), targets.flatten(), ignore_index=IGNORE_INDEX), logits
         logits = h[:, 0] @ head.T                                                        # (B, V)
-        return F.cross_entropy(for_loss(logits), targets), logits
+        return F.cross_entropy(at_least_float32(logits), targets), logits
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> StackedOutput:
         """input_ids, labels: (B, L) given to every copy, or (K, B, L) one batch per copy."""
