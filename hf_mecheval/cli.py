@@ -428,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     presets = _preset_names()
     parser = _Parser(
         prog="mecheval",
-        description="Mechanistic evaluation of Transformers and state-space models on AR and ATR.",
+        description="Mechanistic evaluation of Transformers and state-space models on AR, ATR and MQAR.",
     )
     from . import __version__
 
@@ -501,8 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = commands.add_parser("evaluate", help="run the intervention grid on a trained run (JSON + plots)",
                              description="Corrupt the key and the value, patch every site of every layer at the key, "
-                                         "value, divider, query and answer positions, and write interventions.json, "
-                                         "heatmaps and bar plots, and the mechanism label.")
+                                         "value, divider, query and answer positions (MQAR: each query's own key, "
+                                         "value, query and answer, one query at a time), and write "
+                                         "interventions.json, heatmaps and bar plots, and the mechanism label.")
     ev.add_argument("run_dir", help="a finished run directory (from mecheval train)")
     ev.add_argument("--out", help="output folder (default RUN_DIR/interventions)")
     _grid_arguments(ev)

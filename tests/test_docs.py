@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import re
 import runpy
+import shutil
 import shlex
 import sys
 from pathlib import Path
@@ -205,6 +206,27 @@ def check_mecheval(argv: list[str], synopsis: bool, where: str) -> None:
         from hf_mecheval.training.sweep import sweep_file
 
         sweep_file(args.file)                  # a packaged sweep of that name exists
+    if args.command == "report" and args.results is None:
+        check_report_folder(args.out, args.overwrite, where)
+
+
+def check_report_folder(out: str, overwrite: bool, where: str) -> None:
+    """A report written into a folder the repository commits (``results/<sweep>``) must be
+    accepted in a fresh clone, where the record of what a report wrote (the manifest) is not
+    committed: the folder is copied without it and claimed as the report would claim it."""
+    from hf_mecheval.runs.manifest import MANIFEST, claim_output_folder
+
+    committed = ROOT / out
+    if not committed.is_dir():
+        return
+    clone = Path.cwd() / "as_cloned" / out
+    shutil.copytree(committed, clone, ignore=shutil.ignore_patterns(MANIFEST))
+    try:
+        claim_output_folder(clone, overwrite)
+    except MechEvalError as exc:
+        pytest.fail(f"{where}: refused in a fresh clone: {exc}")
+    finally:
+        shutil.rmtree(Path.cwd() / "as_cloned")
 
 
 def check_script(script: str, argv: list[str], synopsis: bool, where: str, monkeypatch) -> None:

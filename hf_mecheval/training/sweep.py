@@ -29,7 +29,7 @@ asks for now (``run_dir.fingerprint``): a sweep whose file was edited under the 
 refused before anything starts, naming the run and the fields that differ. A failed run is
 reported and the others go on. Each training process runs in its own process group and stops
 when the sweep dies, even by ``kill -9`` (``children.py``); a run directory another process is
-writing is left alone (its lock is held) and reported as failed. The results table picks, for
+writing is left alone (its lock is held) and reported as in use, not failed. The results table picks, for
 every configuration (all grid fields but learning rate and seed), the learning rate with the
 best mean *validation* accuracy over seeds, and reports *test* accuracy there, mean ± sd.
 """
