@@ -131,15 +131,6 @@ def setting_pattern(weights: list[int]) -> np.ndarray:
     return np.array([s for _, s in sorted(times)], dtype=np.int64)
 
 
-def _distinct(rng: np.random.Generator, rows: int, n: int, m: int) -> np.ndarray:
-    """(rows, n): each row n distinct integers from [0, m) in random order. Redrawing rows with a
-    repeat (``distinct_rows``) takes many rounds once n * n approaches m (256 pairs among 4 092
-    keys repeat in all but 0.03 % of draws): there, a random permutation's prefix."""
-    if n * n <= m:
-        return distinct_rows(rng, rows, n, m)
-    return np.argsort(rng.random((rows, m)), axis=1)[:, :n]
-
-
 def slot_weights(slots: int, power_a: float) -> np.ndarray:
     """(slots,) the power law's probabilities of the query slots 0 .. slots-1 (Zoology:
     ``power_a * g ** (power_a - 1)`` for g = 1 .. slots, normalised)."""
@@ -221,8 +212,8 @@ class MQARTask(Task):
     def _documents(self, rng: np.random.Generator, count: int, seq_len: int, n: int) -> tuple[np.ndarray, dict]:
         """``count`` documents of ``seq_len`` tokens with ``n`` pairs: tokens (count, seq_len) and
         the query columns (count, n), each document's queries in the order they occur."""
-        keys = _distinct(rng, count, n, len(self.key_ids)) + self.key_ids.start        # (count, n)
-        values = _distinct(rng, count, n, len(self.value_ids)) + self.value_ids.start  # (count, n)
+        keys = distinct_rows(rng, count, n, len(self.key_ids)) + self.key_ids.start        # (count, n)
+        values = distinct_rows(rng, count, n, len(self.value_ids)) + self.value_ids.start  # (count, n)
         slots = seq_len // 2 - n
         # successive sampling without replacement in proportion to the weights: exponential races
         # E_g / w_g, the slots in the order they finish (the j-th to finish is the j-th drawn)

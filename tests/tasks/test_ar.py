@@ -59,6 +59,16 @@ def test_pair_range_and_small_vocabulary():
         rederive(doc, 10, value_first=False)
 
 
+@pytest.mark.timeout(120)   # the old redrawing never returned: fail, not hang the suite
+def test_many_pairs_among_many_keys_are_drawn_without_endless_redraws():
+    # 1 000 of 4 096 keys: a row drawn whole is free of repeats once in ~10^53 draws, so redrawing
+    # rows until clean never ended; such rows come from a permutation's prefix instead
+    data = ARTask(ARConfig(num_pairs=1000)).generate(4, "train", seed=0)
+    for doc in data:
+        rederive(doc, 4096, value_first=False)
+        assert doc["num_pairs"] == 1000
+
+
 def test_dense_pairs_use_every_key():
     # 10 pairs out of 10 keys: every document is a permutation
     data = ARTask(ARConfig(num_kv=20, num_pairs=10)).generate(50, "train", seed=0)
