@@ -253,7 +253,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     from .errors import RunsFailed
 
     try:
-        quickstart(args.out, tiny=args.tiny, workers=args.workers, seed=args.seed)
+        quickstart(args.out, tiny=args.tiny, workers=args.workers, seed=args.seed, overwrite=args.overwrite)
     except RunsFailed as exc:          # a failed run: 1, as the other commands that train
         print(f"mecheval: error: {exc}", file=sys.stderr)
         return 1
@@ -537,6 +537,9 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("--seed", type=_seed, default=0,
                     help="initialisation and data-order seed of every run (default 0; the documents stay the same), "
                          "to see how much the figures move")
+    qs.add_argument("--overwrite", action="store_true",
+                    help="write the report even where --out holds files hf-mecheval did not write (replacing "
+                         "those of the same name)")
     qs.set_defaults(func=_quickstart)
 
     push = commands.add_parser("push", help="upload a run (model, code, tokenizer, model card, metrics) to the Hub",

@@ -25,6 +25,7 @@ from ..errors import ConfigError, MechEvalError, RunsFailed
 from ..experiments import read_experiment
 from ..atomic_files import write_text_atomic
 from ..runs.files import GridSettings, format_score
+from ..runs.manifest import claim_output_folder, recording
 from .report import collect_runs, markdown_table, write_report
 
 # the models the headline's claims are about (``headline``): the plan must train exactly these
@@ -115,10 +116,12 @@ def headline(rows: dict[str, dict]) -> list[dict]:
 
 
 def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress: bool = True,
-               workers: int | str = "auto", seed: int = 0, plan: QuickstartPlan | None = None) -> dict:
+               workers: int | str = "auto", seed: int = 0, plan: QuickstartPlan | None = None,
+               overwrite: bool = False) -> dict:
     """Train the eight runs (``workers`` processes at once; ``auto``: one 1-thread process per core
     on a CPU), each followed by its intervention grid, then write the report. ``seed``: every
-    run's initialisation and data-order seed (the documents do not change)."""
+    run's initialisation and data-order seed (the documents do not change). ``out`` must hold only
+    what a quickstart wrote there (its runs aside), unless ``overwrite``: checked before any run."""
     from ..training.jobs import Run
     from ..training.sweep import check_existing_runs, train_runs
 
@@ -126,6 +129,7 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     setting = plan.tiny if tiny else plan.setting
     out = Path(out)
     runs_dir = out / "runs"
+    claim_output_folder(out, overwrite, beside="runs")   # the report must not replace a person's files
     runs = [Run(name, plan.run_args(name, tiny, seed)) for name in plan.training_order]
     for run in runs:            # every run checked as `mecheval train` checks it, before any starts
         run.checked()
@@ -152,7 +156,8 @@ def quickstart(out: str | Path = "runs/quickstart", tiny: bool = False, progress
     summary = {"setting": setting, "seed": seed, "learning_rates": plan.learning_rates(), "epochs": plan.epochs(),
                "minutes": minutes, "checks": checks,
                "rows": report["rows"], "figures": report["figures"]}
-    write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n", overwrite=True)
+    with recording(out, expected=["summary.json"]):      # listed as the quickstart's, so that a rerun may replace it
+        write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n", overwrite=True)
     print(markdown_table(report["rows"]), end="")
     for c in checks:
         print(f"{'reproduced    ' if c['holds'] else 'NOT reproduced'}  {c['claim']}  ({c['figures']})")

@@ -304,15 +304,19 @@ def remove_written_below(folder: Path, manifest: Manifest, below: str = "") -> N
     remove_files(folder, [f for f in manifest.files if f.startswith(below)] + saved)
 
 
-def claim_output_folder(out: Path, overwrite: bool, flag: str = "--overwrite") -> None:
+def claim_output_folder(out: Path, overwrite: bool, flag: str = "--overwrite", beside: str | None = None) -> None:
     """Before a command writes its files into the folder ``out`` (``--out``): refuse when ``out``
     holds files hf-mecheval did not write there (its manifest does not list them), unless
     ``overwrite``: a report or a grid would replace a person's file of the same name (a link of
-    that name is replaced by the file, never written through: ``atomic_files``)."""
+    that name is replaced by the file, never written through: ``atomic_files``). ``beside``: a
+    subfolder of ``out`` the command does not write into itself (the quickstart's ``runs``, each
+    run vouched for by its own manifest), left out of the claim."""
     if not out.is_dir():
         return
     if not overwrite:
         foreign = unlisted(out, read_manifest(out) or Manifest(problem="none"))
+        if beside is not None:
+            foreign = [p for p in foreign if not p.startswith(beside.rstrip("/") + "/")]
         if foreign:
             raise MechEvalError(f"{out} holds files hf-mecheval did not write there ({some_of(foreign)}); choose another "
                                 f"folder, or pass {flag} to write beside them (files of the same name are replaced)")

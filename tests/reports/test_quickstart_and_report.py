@@ -76,6 +76,15 @@ def test_tiny_quickstart_writes_every_artefact(tmp_path, capsys, monkeypatch):
     # another seed is another run: refused in this folder, naming the seed
     assert mecheval(["quickstart", "--tiny", "--seed", "1", "--out", str(out)]) == 2
     assert "training.seed: 0 there, 1 asked" in capsys.readouterr().err
+    # a person's file beside the report: refused before anything runs, the file kept as it was;
+    # --overwrite writes the report beside it
+    (out / "notes.md").write_text("mine")
+    assert mecheval(["quickstart", "--tiny", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "notes.md" in err and "--overwrite" in err and "jobs" not in err
+    assert mecheval(["quickstart", "--tiny", "--out", str(out), "--overwrite"]) == 0
+    assert (out / "notes.md").read_text() == "mine"
+    (out / "notes.md").unlink()
     # ... but not for another setting: the full quickstart (here a cheap stand-in) never reports
     # the tiny models under its heading
     import dataclasses
