@@ -198,9 +198,9 @@ def distinct_rows(rng: np.random.Generator, rows: int, n: int, m: int) -> np.nda
     """(rows, n) int64: each row ``n`` distinct integers from ``[0, m)``, in random order.
 
     Drawing a row whole and redrawing it on a repeat is cheap while repeats are rare; a row comes
-    out clean with probability about exp(-n * n / 2m), so once n * n exceeds m (1 000 keys among
-    4 096: one row in 10^53) the redrawing would never end, and a random permutation's prefix is
-    drawn instead (as it is when n is a quarter of m or more)."""
+    out clean with probability about exp(-n * n / 2m), so the redraws grow exponentially past
+    n * n = m and never end for a few hundred keys (1 000 among 4 096: one clean row in 10^53).
+    Past n * n = m, as where n is a quarter of m or more, a random permutation's prefix is drawn."""
     if 4 * n > m or n * n > m:  # dense: a random permutation prefix
         return np.argsort(rng.random((rows, m)), axis=1)[:, :n]
     out = rng.integers(0, m, size=(rows, n))
