@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Sequence
@@ -95,8 +96,8 @@ def _data_generate(args: argparse.Namespace) -> int:
     task = build_task(args.preset, **overrides)
     task.check_size(args.n)
     out = Path(args.out)
-    if out.is_dir():
-        raise MechEvalError(f"{out} is a folder; give a file name")
+    if out.is_dir() or args.out.endswith(("/", os.sep)):       # Path() drops the slash that says "a folder"
+        raise MechEvalError(f"{args.out} is a folder; give a file name")
     refuse_special_file(out)           # before the work, not after it
     with locked_file(out):              # a second writer of the same file is refused, not mixed in
         if out.exists() and not args.overwrite:    # before the work, not after it
@@ -182,8 +183,8 @@ def _sweep(args: argparse.Namespace) -> int:
         return 0
     grid = GridSettings(n=args.n or GridSettings.n) if args.grid else None
     outcome = launch(sweep, args.out, launcher=args.launcher, workers=args.workers, stack=args.stack,
-                     only=args.only, threads=args.threads, grid=grid)
-    root = write_results(sweep, args.out)
+                     only=args.only, threads=args.threads, grid=grid, overwrite=args.overwrite)
+    root = write_results(sweep, args.out, overwrite=args.overwrite)
     print(format_table(results_table(collect(sweep, args.out), sweep.grid_fields)), end="")
     print(f"{len(outcome['finished'])} runs finished, {len(outcome['skipped'])} already done, "
           + (f"{len(outcome['in_use'])} left to another process training them, " if outcome["in_use"] else "")
@@ -281,7 +282,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     from .reports.reproduce import reproduce
 
     result = reproduce(args.preset, args.out, launcher=args.launcher, workers=args.workers, n=args.n,
-                       dry_run=args.dry_run, stack=args.stack, only=args.only, threads=args.threads)
+                       dry_run=args.dry_run, stack=args.stack, only=args.only, threads=args.threads,
+                       overwrite=args.overwrite)
     if args.dry_run:
         for name in result["runs"]:
             print(name)
@@ -391,6 +393,9 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
                              "most 32; on a CPU up to 8 at widths up to 32, none wider")
     parser.add_argument("--out", default=default_out, help=f"parent folder of the sweep directory (default {default_out})")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace files in the sweep's folder named as its own (sweep.json, results.*; reproduce: "
+                             "report/) that hf-mecheval did not write; finished runs are kept either way")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -443,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    description="Write one split of a preset as parquet (the columns of a published dataset).")
     gen.add_argument("preset", choices=presets, metavar="PRESET", help=f"one of: {', '.join(presets)}")
     gen.add_argument("--split", choices=SPLITS, default="train", help="split (default: train)")
-    gen.add_argument("-n", type=_non_negative_int, required=True, help="number of documents")
+    gen.add_argument("-n", type=_positive_int, required=True, help="number of documents")
     gen.add_argument("--seed", type=_non_negative_int, default=0, help="data seed (default: 0)")
     gen.add_argument("--grammar-seed", type=_non_negative_int, help="ATR: another language than the preset's")
     gen.add_argument("--out", required=True, help="output FILE.parquet")
@@ -468,8 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "datasets.load_dataset(FOLDER, PRESET) works offline; optionally upload.")
     pub.add_argument("presets", nargs="+", choices=presets, metavar="PRESET", help=f"one or more of: {', '.join(presets)}")
     pub.add_argument("--out", required=True, help="output folder")
-    pub.add_argument("--train-size", type=_non_negative_int, help="training documents (default: the preset's: 100032 for AR and ATR)")
-    pub.add_argument("--eval-size", type=_non_negative_int, help="validation and test documents each (default: the preset's: 1024 for AR and ATR)")
+    pub.add_argument("--train-size", type=_positive_int, help="training documents (default: the preset's: 100032 for AR and ATR)")
+    pub.add_argument("--eval-size", type=_positive_int, help="validation and test documents each (default: the preset's: 1024 for AR and ATR)")
     pub.add_argument("--seed", type=_non_negative_int, default=0, help="data seed (default: 0)")
     pub.add_argument("--grammar-seed", type=_non_negative_int, help="ATR: another language than the presets'")
     pub.add_argument("--overwrite", action="store_true", help="replace existing files")

@@ -44,8 +44,14 @@ def loads_finite(text: str, source: str):
     def number(text):                    # 1e999 reads as infinity
         value = float(text)
         return value if math.isfinite(value) else refuse(text)
+    def mapping(pairs):                  # json keeps the last of a key given twice, without a word
+        value = dict(pairs)
+        if len(value) < len(pairs):
+            repeated = next(k for i, (k, _) in enumerate(pairs) if k in {key for key, _ in pairs[:i]})
+            raise MechEvalError(f"{source}: the key {repeated!r} is given twice in one object (only one can count)")
+        return value
     try:
-        value = json.loads(text, parse_constant=refuse, parse_float=number)
+        value = json.loads(text, parse_constant=refuse, parse_float=number, object_pairs_hook=mapping)
     except RecursionError:
         raise MechEvalError(f"{source}: nested more than {MAX_NESTING} levels deep") from None
     _check_shape_size(value, _value_children, source)
@@ -72,6 +78,7 @@ def load_yaml(text: str, source: str):
         if node is None:
             return None
         _check_shape_size(node, _node_children, source)
+        _refuse_repeated_keys(node, source)
         return loader.construct_document(node)
     except RecursionError:
         raise MechEvalError(f"{source}: nested more than {MAX_NESTING} levels deep") from None
@@ -91,6 +98,29 @@ def _node_children(node) -> list:
     if isinstance(node, yaml.MappingNode):
         return [part for pair in node.value for part in pair]
     return []
+
+
+def _refuse_repeated_keys(root, source: str) -> None:
+    """Refuse a YAML mapping that gives one key twice: PyYAML keeps the last without a word, so
+    ``defaults:`` written twice in a sweep file would drop the first. Each node is walked once
+    (aliases share theirs); ``_check_shape_size`` has bounded them already."""
+    import yaml
+
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, key.value) in keys:
+                        raise MechEvalError(f"{source}: line {key.start_mark.line + 1}: the key {key.value!r} is given "
+                                            "twice in one mapping (only one can count)")
+                    keys.add((key.tag, key.value))
+        stack.extend(_node_children(node))
 
 
 def _value_children(value) -> list:

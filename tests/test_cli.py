@@ -27,6 +27,8 @@ def test_data_generate_writes_the_columns(tmp_path, capsys):
         (["data", "generate", "ar_32", "-n", "5", "--grammar-seed", "1", "--out", "{tmp}/x.parquet"], "ATR presets only"),
         (["data", "generate", "ar_32", "-n", "5", "--out", "/proc/forbidden/x.parquet"], "cannot write"),
         (["data", "generate", "ar_32", "-n", "5", "--out", "{tmp}/exists.parquet"], "already exists"),
+        # a trailing slash says a folder, which Path() drops: it must not become a file of that name
+        (["data", "generate", "ar_32", "-n", "5", "--out", "{tmp}/newdir/"], "newdir/ is a folder; give a file name"),
     ],
 )
 def test_errors_are_one_line(tmp_path, capsys, argv, message):
@@ -35,10 +37,13 @@ def test_errors_are_one_line(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1
     assert (tmp_path / "exists.parquet").read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.parquet"]
 
 
 @pytest.mark.parametrize("argv", [["data", "generate", "atr_hard", "-n", "1", "--out", "x.parquet"],
                                   ["data", "generate", "ar_32", "-n", "-3", "--out", "x.parquet"],
+                                  ["data", "generate", "ar_32", "-n", "0", "--out", "x.parquet"],    # no documents
+                                  ["data", "publish", "ar_32", "--train-size", "0", "--out", "x"],
                                   ["data", "stats", "ar_32", "--grammar-seeds", "5-2"],
                                   ["quickstart", "--tiny", "--seed", "4294967296"],
                                   ["quickstart", "--tiny", "--seed", "-1"],
@@ -130,6 +135,16 @@ def test_train_help_gives_defaults_only_where_a_flag_has_one(capsys):
     # which, and no "(default: None)" contradicts it
     assert "default: None" not in text
     assert "reference (the paper's code; the default)" in text
+
+
+def test_reproduce_refuses_a_persons_report_folder_before_training(tmp_path, capsys):
+    report = tmp_path / "cpu_ar" / "report"
+    report.mkdir(parents=True)
+    (report / "report.md").write_text("my write-up\n")
+    assert main(["reproduce", "--preset", "cpu-ar", "--out", str(tmp_path)]) == 2
+    assert "hf-mecheval did not write there (report.md)" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "cpu_ar").iterdir()) == ["report"]      # no run started
+    assert (report / "report.md").read_text() == "my write-up\n"
 
 
 def test_reproduce_dry_run_lists_the_reference_sweep(capsys):

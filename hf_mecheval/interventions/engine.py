@@ -88,6 +88,12 @@ class InterventionEngine:
     def site_names(self) -> list[str]:
         return list(self.model.site_names())
 
+    def check_sites(self, sites: list[str]) -> None:
+        """Refuse a site the model does not have, naming the valid ones."""
+        unknown = [s for s in sites if s not in set(self.site_names())]
+        if unknown:
+            raise MechEvalError(f"unknown site {unknown[0]!r}; valid sites: {', '.join(self.site_names())}")
+
     def resume_sites(self) -> list[str]:
         """What the corrupted run caches so that patched runs can start at the patched layer."""
         return [f"layers.{i}.input" for i in range(self.num_layers)]
@@ -212,9 +218,7 @@ class InterventionEngine:
         ``p_clean``, ``p_corrupt``, ``logit_clean``, ``logit_corrupt``, ``pred_clean``,
         ``pred_corrupt`` (B,) and ``p_patched[site][position name]`` (B,).
         """
-        unknown = [s for s in sites if s not in set(self.site_names())]
-        if unknown:
-            raise MechEvalError(f"unknown site {unknown[0]!r}; valid sites: {', '.join(self.site_names())}")
+        self.check_sites(sites)
         names = list(positions)
         B = clean_ids.shape[0]
         stacked = torch.stack([positions[n] for n in names]).reshape(-1)        # (P*B,) name-major

@@ -138,6 +138,10 @@ def evaluate_run(run_dir: str | Path, out: str | Path | None = None, n: int = 32
     check_memory(f"the bootstrap ({n_resamples:,} resamples of {n:,} documents)",
                  {"resamples": 8 * 4 * n_resamples * n})      # index and value arrays per resample
     task.check_size(n)
+    if sites:             # before the output folder is made: a mistyped site leaves nothing behind
+        from ..interventions.engine import engine_for
+
+        engine_for(model).check_sites(sites)
     own = RunDir(run_dir).interventions_path.parent     # the run's own grid folder
     out = Path(out) if out is not None else own
     target = out / "interventions.json"

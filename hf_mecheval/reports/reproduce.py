@@ -46,6 +46,7 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..runs import RunDir
+from ..runs.manifest import claim_output_folder
 from ..runs.files import GridSettings
 from ..training.sweep import SWEEPS_DIR, Sweep, launch, write_results
 
@@ -63,22 +64,25 @@ PRESETS = {"paper-ar": "ar_main.yaml", "paper-atr": "atr.yaml", "ablation-mamba"
 
 def reproduce(preset: str, out: str | Path = "runs/reproduce", launcher: str = "local", workers: int | str = "auto",
               n: int = 320, dry_run: bool = False, stack: int | str = "auto", only: Sequence[str] | None = None,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, overwrite: bool = False) -> dict:
     """``only``: train only the runs whose names match (``Sweep.select``); the report still covers
-    every finished run of the preset."""
+    every finished run of the preset. ``overwrite``: replace a person's files in the sweep's folder
+    and its ``report/`` (refused, before any training, without it)."""
     if preset not in PRESETS:
         raise ConfigError("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")
     sweep = Sweep.load(SWEEPS_DIR / PRESETS[preset])
     if dry_run:
         return {"runs": [r.name for r in sweep.select(only)]}
+    report_dir = Path(out) / sweep.name / "report"
+    claim_output_folder(report_dir, overwrite)         # days of training must not end in a refused report
     # each run's intervention grid right after its training, in the same worker (and for finished
     # runs that have none): a sweep stopped part-way leaves every finished run evaluated
     outcome = launch(sweep, out, launcher=launcher, workers=workers, stack=stack, grid=GridSettings(n=n),
-                     only=only, threads=threads)
-    write_results(sweep, out)
+                     only=only, threads=threads, overwrite=overwrite)
+    write_results(sweep, out, overwrite=overwrite)
     runs = [Path(out) / sweep.name / "runs" / r.name for r in sweep.runs]
     finished = [r for r in runs if RunDir(r).finished]
     from .report import write_report      # matplotlib: not for `mecheval --help`, which reads PRESETS
 
-    report = write_report(finished, Path(out) / sweep.name / "report", overwrite=True, title=f"hf-mecheval: {preset}")
+    report = write_report(finished, report_dir, overwrite=overwrite, title=f"hf-mecheval: {preset}")
     return {"outcome": outcome, "report": report["out"]}

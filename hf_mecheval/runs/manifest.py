@@ -311,6 +311,8 @@ def claim_output_folder(out: Path, overwrite: bool, flag: str = "--overwrite", b
     that name is replaced by the file, never written through: ``atomic_files``). ``beside``: a
     subfolder of ``out`` the command does not write into itself (the quickstart's ``runs``, each
     run vouched for by its own manifest), left out of the claim."""
+    if os.path.lexists(out) and not out.is_dir():
+        raise MechEvalError(f"cannot write to {out}: it is a file, not a folder")        # as writable_folder says
     if not out.is_dir():
         return
     if not overwrite:

@@ -257,8 +257,24 @@ def validate(model: ModelArguments, data: DataArguments, run: RunArguments, trai
     if run.resume and run.overwrite:
         raise ConfigError("resume", "--resume and --overwrite exclude each other")
     check_trainer_settings(training)
+    check_cuda_kernels(config, training)
     check_run_memory(config, task, data, run, training)
     return task, config
+
+
+def check_cuda_kernels(config, training) -> None:
+    """``--kernels cuda``: every mixer of the model that has fused kernels must find them on the
+    device the run trains on, checked here rather than at the first step, after the run's folder
+    was written and a corrected command would find it taken."""
+    if getattr(config, "kernels", None) != "cuda":
+        return
+    from ..models.kernels import use_kernels
+    from ..models.registry import kernel_packages
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not training.use_cpu else "cpu")
+    for mixer in dict.fromkeys(config.layer_mixers()):
+        if kernel_packages(mixer):
+            use_kernels(mixer, "cuda", device)
 
 
 # what compute_answer_metrics reports, as the Trainer names them for --metric_for_best_model

@@ -136,7 +136,10 @@ def parse(argv: Sequence[str]):
         name = (exc.argument_name or "").split("/")[0].removeprefix("--")
         raise MechEvalError(f"{name}: {exc.message}" if name else str(exc)) from None
     except (ValueError, OverflowError) as exc:   # unknown keys; a value TrainingArguments cannot convert
-        raise MechEvalError(str(exc).splitlines()[0]) from None
+        message = str(exc).splitlines()[0]
+        # its choices ("foo is not a valid SchedulerType, please select one of [...]") name no flag
+        named = [name for name, value in _flag_values(argv) if message.startswith(f"{value} is not a valid ")]
+        raise MechEvalError(f"{named[-1]}: {message}" if named else message) from None
     except (TypeError, KeyError) as exc:     # JSON of another shape (--accelerator_config '{"x": 1}')
         raise MechEvalError(f"a flag's value does not fit: {(str(exc).splitlines() or [''])[0]}") from None
     except ImportError as exc:      # a flag whose package is missing (--deepspeed without deepspeed)

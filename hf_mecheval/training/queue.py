@@ -54,7 +54,7 @@ from ..runs.run_dir import checkpoints, fingerprint
 from .jobs import Run
 from .launchers import plan_workers
 from .step_timing import median_step_seconds, run_steps, step_wall_seconds
-from .sweep import Sweep, launch, plan_jobs, run_done, write_results
+from .sweep import Sweep, claim_sweep_folder, launch, plan_jobs, run_done, write_results
 
 ENTRY_KEYS = ("sweep", "only")
 STOP_FILE = "queue.stop"
@@ -298,6 +298,8 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
     steps: dict[str, float | None] = {}
     lane_threads = plan_workers(1, threads)[1]          # what each training here runs at (None: every core)
     entries = read_queue(path)                          # a file that cannot be read is refused here
+    for entry in entries:             # as is a person's file named as a sweep's own (results.md), before any run
+        claim_sweep_folder(out / entry.sweep.name)
     while not (out / STOP_FILE).exists():
         try:                  # read again before every run: an edit counts from the next run on
             entries = read_queue(path)

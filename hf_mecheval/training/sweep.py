@@ -32,6 +32,11 @@ when the sweep dies, even by ``kill -9`` (``children.py``); a run directory anot
 writing is left alone (its lock is held) and reported as in use, not failed. The results table picks, for
 every configuration (all grid fields but learning rate and seed), the learning rate with the
 best mean *validation* accuracy over seeds, and reports *test* accuracy there, mean ± sd.
+
+A sweep writes its record (``sweep.json``) and tables (``results.{json,csv,md}``) into its folder
+beside ``runs/``, replacing earlier ones; a file of one of those names there that is not
+recognisably a sweep's (``claim_sweep_folder``) is refused before anything starts, unless
+``--overwrite``: a person's notes saved as ``results.md`` are never replaced without a word.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ import io
 import itertools
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -62,6 +68,12 @@ from .launchers import LAUNCHERS, plan_workers, run_jobs
 from .spec import RunSpec
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"     # package data: in the wheel too
+SWEEP_FILES = ("sweep.json", "results.json", "results.csv", "results.md")      # what a sweep replaces in its folder
+# the columns results_table adds after the configuration's fields (results.csv); results.md shows
+# the test accuracy's two in one column, last
+TABLE_COLUMNS = ["best_learning_rate", "validation_accuracy", "test_accuracy_mean", "test_accuracy_sd", "seeds",
+                 "learning_rates_tried"]
+TEST_COLUMNS = ("test_accuracy_mean", "test_accuracy_sd")
 
 
 def sweep_file(name: str | Path) -> Path:
@@ -118,6 +130,8 @@ class Sweep:
         defaults = dict(defaults)
         if "task" in spec:
             defaults["task"] = spec["task"]
+        if spec.get("grids") == []:        # read as one run of the defaults, which is not what the list says
+            raise ConfigError("grids", f"an empty list (in {source}); leave it out for one run of the defaults")
         grids = spec.get("grids") or [{}]
         seeds = spec.get("seeds", [0])
         if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
@@ -274,13 +288,15 @@ def stack_size_that_fits(spec: RunSpec, cap: int = 32) -> int:
 # ---------------------------------------------------------------------------------- launching
 def launch(sweep: Sweep, out: str | Path, launcher: str = "local", workers: int | str = "auto",
            progress: bool = True, stack: int | str = "auto", grid: GridSettings | None = None,
-           only: Sequence[str] | None = None, threads: int | None = None) -> dict:
+           only: Sequence[str] | None = None, threads: int | None = None, overwrite: bool = False) -> dict:
     """Run every unfinished run of the sweep (or of those ``only`` selects, see ``Sweep.select``)
     into ``<out>/<sweep name>/runs`` (see ``train_runs``); returns {"finished", "skipped",
-    "in_use", "failed"} run names. ``sweep.json`` always records the whole sweep."""
+    "in_use", "failed"} run names. ``sweep.json`` always records the whole sweep. ``overwrite``:
+    replace a person's files among the sweep's own names (``claim_sweep_folder``)."""
     root = Path(out) / sweep.name
     check_launcher(launcher, stack)
     runs = sweep.select(only)
+    claim_sweep_folder(root, overwrite)
     check_existing_runs(sweep.runs, root / "runs")      # an edited sweep is refused before its record changes
     write_text_atomic(root / "sweep.json", json.dumps([{"name": r.name, "args": r.args} for r in sweep.runs], indent=2),
                       overwrite=True)
@@ -396,15 +412,16 @@ def results_table(rows: list[dict], grid_fields: list[str]) -> list[dict]:
         tests = [r["test_accuracy"] for r in by_lr[best]]
         mean = sum(tests) / len(tests)
         sd = math.sqrt(sum((t - mean) ** 2 for t in tests) / (len(tests) - 1)) if len(tests) > 1 else 0.0
-        table.append({**dict(zip(config_fields, json.loads(key))), "best_learning_rate": best,
-                      "validation_accuracy": mean_validation_accuracy(by_lr[best]), "test_accuracy_mean": mean, "test_accuracy_sd": sd,
-                      "seeds": len(tests), "learning_rates_tried": len(by_lr)})
+        values = [best, mean_validation_accuracy(by_lr[best]), mean, sd, len(tests), len(by_lr)]
+        table.append({**dict(zip(config_fields, json.loads(key))), **dict(zip(TABLE_COLUMNS, values))})
     return table
 
 
-def write_results(sweep: Sweep, out: str | Path) -> Path:
-    """results.json / results.csv / results.md in the sweep directory."""
+def write_results(sweep: Sweep, out: str | Path, overwrite: bool = False) -> Path:
+    """results.json / results.csv / results.md in the sweep directory (checked again as
+    ``launch`` does: a person may have saved a file there while the sweep trained)."""
     root = Path(out) / sweep.name
+    claim_sweep_folder(root, overwrite)
     rows = collect(sweep, out)
     table = results_table(rows, sweep.grid_fields)
     write_text_atomic(root / "results.json", json.dumps({"runs": rows, "table": table}, indent=2, default=str),
@@ -419,10 +436,56 @@ def write_results(sweep: Sweep, out: str | Path) -> Path:
     return root
 
 
+def claim_sweep_folder(root: Path, overwrite: bool = False) -> None:
+    """Before a sweep writes ``SWEEP_FILES`` into its folder ``root``: refuse, unless ``overwrite``,
+    where one of them there is not recognisably what a sweep writes (``is_sweep_file``). By its
+    content, not by a record: two processes of one sweep (the queue's lanes) write these files
+    at once, and a record of who wrote them could not be kept without a lock; a file a person
+    changed (notes below the table) is no longer a sweep's and is refused. The rest of the folder
+    (``runs/``, a person's other files) is never written by the sweep itself."""
+    if overwrite:
+        return
+    foreign = [name for name in SWEEP_FILES if os.path.lexists(root / name) and not is_sweep_file(root / name)]
+    if foreign:
+        raise MechEvalError(f"{root} holds {', '.join(foreign)}, which a sweep did not write (or which was changed "
+                            "since); move them, choose another --out, or pass --overwrite to replace them")
+
+
+def is_sweep_file(path: Path) -> bool:
+    """Whether ``path`` (named as one of ``SWEEP_FILES``) is a regular file of the shape a sweep
+    writes under that name: sweep.json a list of {"name", "args"}; results.json {"runs",
+    "table"}; results.csv and results.md the table (``results_table``) and nothing else."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        if path.name == "sweep.json":
+            return isinstance(data, list) and all(isinstance(r, dict) and set(r) == {"name", "args"} for r in data)
+        return isinstance(data, dict) and set(data) == {"runs", "table"}
+    if path.name == "results.csv":
+        rows = list(csv.reader(io.StringIO(text)))
+        return (bool(rows) and rows[0][-len(TABLE_COLUMNS):] == TABLE_COLUMNS
+                and all(len(row) == len(rows[0]) for row in rows))
+    if text == format_table([]):
+        return True
+    lines = text.split("\n")
+    head = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    ours = [c for c in TABLE_COLUMNS if c not in TEST_COLUMNS] + ["test accuracy"]
+    return (len(lines) > 2 and lines[-1] == "" and head[-len(ours):] == ours and lines[1] == "|" + "---|" * len(head)
+            and all(line.startswith("| ") and line.endswith(" |") for line in lines[2:-1]))
+
+
 def format_table(table: list[dict]) -> str:
     if not table:
         return "(no finished runs)\n"
-    cols = [c for c in table[0] if c not in ("test_accuracy_mean", "test_accuracy_sd")]
+    cols = [c for c in table[0] if c not in TEST_COLUMNS]
     head = cols + ["test accuracy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table:

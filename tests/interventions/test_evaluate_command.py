@@ -80,8 +80,9 @@ def test_evaluate_errors(tmp_path, capsys, make, message):
 
 
 def test_unknown_site_lists_the_valid_ones(run_dir, tmp_path, capsys):
-    assert mecheval(["evaluate", str(run_dir), "--out", str(tmp_path), "--sites", "layers.0.attention"]) == 2
+    assert mecheval(["evaluate", str(run_dir), "--out", str(tmp_path / "grid"), "--sites", "layers.0.attention"]) == 2
     assert "valid sites: layers.0.input" in capsys.readouterr().err
+    assert not (tmp_path / "grid").exists()          # refused before its output folder was made
 
 
 def test_per_example_values_are_written_short_and_read_back_exactly():

@@ -125,7 +125,11 @@ def check_report_page(out, summary):
 def test_report_command_and_errors(tmp_path, capsys):
     assert mecheval(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not a finished run" in err[0]
+    assert len(err) == 1 and err[0].endswith("nothing does not exist")        # a mistyped path, said as such
+    (tmp_path / "empty").mkdir()
+    assert mecheval(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "empty is not a finished run: run.json, metrics.json are missing" in err[0]
 
 
 def test_headline_verdicts_follow_the_figures():

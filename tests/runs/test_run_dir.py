@@ -46,3 +46,22 @@ def test_a_damaged_file_is_named(tmp_path):
         run.metrics()
     with pytest.raises(MechEvalError, match="config.json is missing"):
         run.require("config.json", RunDir.RECORD)
+
+
+def test_an_output_folder_is_claimed_only_where_it_is_a_folder_of_our_files(tmp_path):
+    from hf_mecheval.runs.manifest import add_written, claim_output_folder
+
+    claim_output_folder(tmp_path / "new", overwrite=False)          # not there yet: the command creates it
+    (tmp_path / "a_file").write_text("mine")
+    for overwrite in (False, True):         # no flag turns a file into a folder
+        with pytest.raises(MechEvalError, match="cannot write to .*a_file: it is a file, not a folder"):
+            claim_output_folder(tmp_path / "a_file", overwrite)
+    out = tmp_path / "out"
+    out.mkdir()
+    add_written(out, ["report.md"])
+    (out / "report.md").write_text("ours")
+    claim_output_folder(out, overwrite=False)
+    (out / "notes.md").write_text("a person's")
+    with pytest.raises(MechEvalError, match=r"did not write there \(notes\.md\)"):
+        claim_output_folder(out, overwrite=False)
+    claim_output_folder(out, overwrite=True)

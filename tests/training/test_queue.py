@@ -175,6 +175,16 @@ def test_a_bad_queue_file_is_one_clear_error(tmp_path, two_sweeps, capsys, conte
     assert not (tmp_path / "out").exists()
 
 
+def test_a_persons_file_named_as_a_sweeps_own_stops_the_queue_before_any_run(tmp_path, two_sweeps, capsys):
+    queue = queue_file(tmp_path, [{"sweep": two_sweeps[0]}, {"sweep": two_sweeps[1]}])
+    (tmp_path / "out" / "second").mkdir(parents=True)
+    (tmp_path / "out" / "second" / "results.md").write_text("my notes\n")
+    assert mecheval(["queue", str(queue), "--out", str(tmp_path / "out")]) == 2
+    assert "out/second holds results.md, which a sweep did not write" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "first").exists()
+    assert (tmp_path / "out" / "second" / "results.md").read_text() == "my notes\n"
+
+
 def test_the_repositorys_queue_names_only_runs_that_exist():
     from pathlib import Path
 

@@ -23,7 +23,7 @@ from hf_mecheval.training.command_line import values_as_flags
 from hf_mecheval.training.jobs import Run, write_job_file
 from hf_mecheval.training.run import train
 from hf_mecheval.training.spec import RunSpec
-from hf_mecheval.training.sweep import Sweep, launch, results_table, write_results
+from hf_mecheval.training.sweep import SWEEP_FILES, Sweep, is_sweep_file, launch, results_table, write_results
 
 from test_training import StopAt
 
@@ -59,6 +59,7 @@ def test_expansion_names_and_errors():
     ({"grids": [{"hidden_size": [-4]}]}, "hidden_size: must be >= 1"),
     ({"grids": [{"architecture": ["h3"], "model_config": [{"conv_kernel": 0}]}]}, "unknown field 'conv_kernel' for h3"),
     ({"grids": [{"hidden_size": []}]}, "hidden_size: an empty list"),
+    ({"grids": []}, "grids: an empty list"),
     ({"seeds": []}, "seeds: an empty list"),
     ({"seeds": "abc"}, "seed: invalid int value: 'abc'"),
     ({"defaults": [1, 2]}, "defaults: must be a mapping"),
@@ -109,6 +110,15 @@ def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_p
     table = json.loads((root / "results.json").read_text())["table"]
     assert len(table) == 1 and table[0]["learning_rates_tried"] == 2
     assert (root / "results.csv").exists() and "test accuracy" in (root / "results.md").read_text()
+    assert all(is_sweep_file(root / name) for name in SWEEP_FILES)      # what it wrote, recognised as a sweep's
+    # a person's note below the table makes results.md theirs: refused, kept, replaced only with overwrite
+    noted = (root / "results.md").read_text() + "\nlr 1e-2: loss spikes at step 4, see the log\n"
+    (root / "results.md").write_text(noted)
+    with pytest.raises(MechEvalError, match=r"holds results\.md, which a sweep did not write.*--overwrite"):
+        write_results(sweep, tmp_path)
+    assert (root / "results.md").read_text() == noted
+    write_results(sweep, tmp_path, overwrite=True)
+    assert is_sweep_file(root / "results.md")
     # a run that fails once started (its documents are longer than its position table) fails alone
     bad = Sweep.from_dict({"name": "tiny", "task": "ar_32", "defaults": BASE,
                            "grids": [{"architecture": ["transformer"]},
@@ -116,6 +126,34 @@ def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_p
     outcome = launch(bad, tmp_path / "bad", progress=False)
     assert len(outcome["failed"]) == 1 and "mamba" in outcome["failed"][0]
     assert len(outcome["finished"]) == 1
+
+
+@pytest.mark.parametrize("name, content", [
+    ("results.md", "# my notes on this sweep\n"),
+    ("results.csv", "architecture,accuracy\ntransformer,0.9\n"),
+    ("results.json", '{"runs": [], "table": [], "mine": 1}'),
+    ("sweep.json", '[{"name": "a", "args": {}, "note": "tried twice"}]'),
+    ("sweep.json", None),         # a link, to a person's file elsewhere
+])
+def test_a_persons_file_named_as_a_sweeps_own_is_refused_before_any_run(tmp_path, capsys, name, content):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({"name": "tiny", "task": "ar_32", "defaults": BASE,
+                                    "grids": [{"architecture": ["transformer"]}]}))
+    root = tmp_path / "out" / "tiny"
+    root.mkdir(parents=True)
+    (root / "notes.txt").write_text("mine, beside the sweep's files\n")
+    if content is None:
+        (tmp_path / "elsewhere.json").write_text("[]")
+        (root / name).symlink_to(tmp_path / "elsewhere.json")
+    else:
+        (root / name).write_text(content)
+    before = {p.name: p.read_text() for p in root.iterdir()}
+    assert mecheval(["sweep", str(path), "--out", str(tmp_path / "out"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"holds {name}, which a sweep did not write" in err and "--overwrite" in err and err.count("\n") == 1
+    assert {p.name: p.read_text() for p in root.iterdir()} == before       # nothing trained, nothing replaced
+    if content is None:
+        assert (tmp_path / "elsewhere.json").read_text() == "[]"
 
 
 def test_each_run_is_evaluated_as_soon_as_it_finishes(tmp_path):

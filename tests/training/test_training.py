@@ -246,6 +246,12 @@ def test_ctrl_c_is_one_line_and_says_how_to_continue(tmp_path, capsys, monkeypat
     (["--label_names", "x"], "label_names: must be 'labels'"),
     (["--hidden_size", str(10**20)], "hidden_size: must be <= 9,007,199,254,740,992"),
     (["--per_device_train_batch_size", str(10**20)], "per_device_train_batch_size: must be <= 9,007,199,254,740,992"),
+    # TrainingArguments' own choices, whose refusal names the value but not the flag
+    (["--lr_scheduler_type", "foo"], "lr_scheduler_type: foo is not a valid SchedulerType"),
+    (["--save_strategy=sometimes"], "save_strategy: sometimes is not a valid SaveStrategy"),
+    # fused kernels asked for where they cannot run: refused before the run's folder is written
+    pytest.param(["--architecture", "mamba", "--kernels", "cuda"], "kernels: 'cuda' requested for mamba but CUDA",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels may be there")),
 ])
 def test_bad_arguments_one_line_nonzero(tmp_path, capsys, extra, message):
     code = main(run_args(tmp_path / "run", *SHORT, *extra))
@@ -641,6 +647,12 @@ def test_run_failure_names_zero_steps_and_non_finite_weights():
     ("loop.yaml", "model_config: &m {inner: *m}\n", "a recursive alias"),
     ("deep.yaml", "model_config: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 64 levels deep"),
     ("deep.json", '{"model_config": ' + "[" * 5000 + "]" * 5000 + "}", "nested more than 64 levels deep"),
+    # a key given twice: the parsers keep the last without a word
+    ("twice.yaml", "learning_rate: 0.1\nhidden_size: 16\nlearning_rate: 0.001\n",
+     "line 3: the key 'learning_rate' is given twice in one mapping"),
+    ("inner.yaml", "model_config: {d_state: 4, d_state: 8}\n", "line 1: the key 'd_state' is given twice"),
+    ("twice.json", '{"model_config": {"d_state": 4}, "learning_rate": 0.1, "model_config": {}}',
+     "the key 'model_config' is given twice in one object"),
 ])
 def test_hostile_config_files_are_refused_at_once(tmp_path, capsys, name, content, message):
     (tmp_path / name).write_text(content)
@@ -664,6 +676,8 @@ def test_yaml_aliases_within_bounds_still_read():
 
     assert load_yaml("a: &x {lr: 1, seeds: [1, 2]}\nb: *x\n", "f") == {"a": {"lr": 1, "seeds": [1, 2]},
                                                                       "b": {"lr": 1, "seeds": [1, 2]}}
+    # one key in two mappings, one mapping aliased twice, and a merge key: none is a key given twice
+    assert load_yaml("a: &x {lr: 1}\nb: {lr: 2, <<: *x}\nc: *x\n", "f") == {"a": {"lr": 1}, "b": {"lr": 2}, "c": {"lr": 1}}
 
 
 def test_json_input_keeps_its_nulls():
