@@ -152,7 +152,7 @@ def _data_publish(args: argparse.Namespace) -> int:
         api = create_repo(args.push_to_hub, repo_type="dataset")
     folder = materialize(
         args.presets, args.out, train_size=args.train_size, eval_size=args.eval_size, seed=args.seed,
-        grammar_seed=args.grammar_seed, overwrite=args.overwrite, workers=args.workers,
+        grammar_seed=args.grammar_seed, overwrite=args.overwrite, workers=args.workers, repo_id=args.push_to_hub,
     )
     print(f"wrote {', '.join(args.presets)} to {folder} (load with datasets.load_dataset({str(folder)!r}, NAME))")
     if args.push_to_hub:

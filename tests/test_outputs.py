@@ -108,6 +108,10 @@ def test_an_interrupted_publish_leaves_the_previous_data_whole(tmp_path, monkeyp
     materialize(["ar_32"], folder, train_size=16, eval_size=8, seed=1, overwrite=True, progress=False)
     assert not stale.exists() and not (folder / "ar_32" / ".card.json.0a1b2c3d.tmp").exists()
     assert json.loads((folder / "ar_32" / "card.json").read_text())["seed"] == 1
+    # the card loads from where the folder goes: the Hub repository named, else a path in words
+    assert 'load_dataset("path/or/repo", "ar_32")' in (folder / "README.md").read_text()
+    materialize(["ar_32"], folder, train_size=16, eval_size=8, overwrite=True, progress=False, repo_id="me/data")
+    assert 'load_dataset("me/data", "ar_32")' in (folder / "README.md").read_text()
 
 
 def test_publish_never_replaces_a_preset_folder_with_other_files(tmp_path):

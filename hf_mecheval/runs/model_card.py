@@ -5,17 +5,25 @@ Metadata: library name (transformers: the model loads with ``AutoModelForCausalL
 shows the first, a local run's card the second, which also loads a copy of the run without its
 ``*.py``, as the repository commits them; a plug-in's model once
 the plug-in is registered; transformers' own models as they are), the text-generation pipeline
-tag, tags, the task as dataset (with its config), a ``model-index`` with the test and validation
+tag, tags, the task as dataset (its preset as the dataset's config; the task's own settings are in
+the card's text, not in ``dataset.args``, which the Hub reads as ``load_dataset`` arguments), a
+``model-index`` with the test and validation
 accuracy and — once ``mecheval evaluate`` ran — the restoration scores at the last layer's input
-on the grid's split and the mechanism label. A run that failed (it diverged) says so. The text
-comes from ``model_card_template.md`` beside this file.
+on the grid's split and the mechanism label. A run that failed (it diverged) says so, and shows
+no way to use its weights. ``mecheval push`` writes the Hub's card into a staged copy: the run's
+own card stays local. The text comes from ``model_card_template.md`` beside this file.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..adapters.native_config import is_native
+from ..atomic_files import is_temporary
 from ..errors import ConfigError, MechEvalError
 from .files import format_score, last_layer_summary
 from .run_dir import RunDir, read_model_config
@@ -25,7 +33,7 @@ TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # what `mecheval push` uploads: the model with its code, generation config and tokenizer; the card; the run's records
 HUB_FILES = ["config.json", "generation_config.json", "model.safetensors", "*.py", "tokenizer.json",
              "tokenizer_config.json", "special_tokens_map.json", "README.md", "run.json", "metrics.json",
-             "interventions/*"]
+             "weights.json", "interventions/*"]
 
 
 def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -> Path:
@@ -39,7 +47,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
     task_kind = _task_kind(task["preset"])
     dataset = f"mecheval/{task_kind}"      # where dataset_scripts/ publish each kind
     common = dict(task_type="text-generation", task_name="in-context retrieval", dataset_type=dataset,
-                  dataset_name=task["preset"], dataset_config=task["preset"], dataset_args=task["config"])
+                  dataset_name=task["preset"], dataset_config=task["preset"])     # its config: in the card's text
     results = [EvalResult(metric_type="accuracy", metric_value=final["test_accuracy"], dataset_split="test",
                           metric_name="test accuracy", **common),
                EvalResult(metric_type="accuracy", metric_value=final["validation_accuracy"],
@@ -54,7 +62,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         split = result.get("run", {}).get("split", "test")
         for p in ("key", "value", "query"):
             if row[f"@{p}"] is not None:
-                results.append(EvalResult(metric_type="restoration", metric_value=round(row[f"@{p}"], 4),
+                results.append(EvalResult(metric_type="restoration", metric_value=round(row[f"@{p}"], 4) + 0.0,     # + 0.0: no -0.0
                                           dataset_split=split, metric_name=f"restoration @{p} (last layer input, "
                                                                            f"key corrupted)", **common))
         extra["mechanism"] = row["mechanism"]
@@ -79,7 +87,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
         seed=record["training"].get("seed"), validation_accuracy=f"{final['validation_accuracy']:.4f}",
         test_accuracy=f"{final['test_accuracy']:.4f}", mechanism_section=mechanism, repo_or_path=repo_id or shown_path(run.path),
         failure=failure, loading=loading, plugin_package=plugin_package, task_kind=task_kind, on_hub=repo_id is not None,
-        **_example(task))
+        halved=_halved(run.path), **_example(task))
     path = run.path / RunDir.CARD
     write_run_file(run.path, RunDir.CARD, str(card))
     return path
@@ -93,6 +101,19 @@ def shown_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def _halved(run_dir: Path) -> str:
+    """For weights stored in float16 (``mecheval halve`` writes weights.json), the test accuracy
+    in float16 and in float32, as the card says it; else ""."""
+    from ..inputs import FRACTION, read_json
+
+    path = run_dir / "weights.json"
+    if not path.is_file():
+        return ""
+    record = read_json(path, {"float16_test_accuracy": FRACTION, "float32_test_accuracy": FRACTION})
+    return (f"{100 * record['float16_test_accuracy']:.2f} % in float16, "
+            f"{100 * record['float32_test_accuracy']:.2f} % in float32 (the accuracy above)")
 
 
 def _epochs(epochs: float | None) -> str:
@@ -153,25 +174,63 @@ def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
     failure = run.metrics()["final"].get("failed")
     if failure:         # a diverged run's weights hold NaN or infinity: nothing anyone could load and use
         raise MechEvalError(f"{run_dir} is a failed run ({failure}): its weights are not a model to push")
-    complete_for_hub(run_dir)
-    write_model_card(run, repo_id)
-    api = create_repo(repo_id, private=private, what=f"push {run_dir} to {repo_id}")
-    upload_folder(api, run_dir, repo_id, allow_patterns=HUB_FILES)
+    read_checkpoint(run.path)         # refused here, naming the run's own files, before the Hub is reached
+    # what the Hub gets (the code, the tokenizer, a card for the repository) is made in a copy:
+    # the run's own folder keeps its local card, and a committed run stays as committed
+    with tempfile.TemporaryDirectory(prefix="mecheval-push-") as tmp:
+        stage = Path(tmp) / run.name
+        copy_for_hub(run.path, stage)
+        complete_for_hub(stage)
+        write_model_card(stage, repo_id)
+        api = create_repo(repo_id, private=private, what=f"push {run_dir} to {repo_id}")
+        upload_folder(api, stage, repo_id, allow_patterns=HUB_FILES)
     return f"https://huggingface.co/{repo_id}"
+
+
+def copy_for_hub(run_dir: Path, stage: Path) -> None:
+    """The files of ``run_dir`` that ``HUB_FILES`` names, temporaries left out, into ``stage``;
+    the weights linked where the file system allows (nothing writes to them: the card and the
+    code are new files, config.json is replaced, not written through)."""
+    for path in sorted(run_dir.rglob("*")):
+        relative = path.relative_to(run_dir).as_posix()
+        if not path.is_file() or path.is_symlink() or any(is_temporary(part) for part in relative.split("/")) \
+                or not any(fnmatch.fnmatch(relative, pattern) for pattern in HUB_FILES):
+            continue
+        target = stage / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if relative != "model.safetensors" or not _linked(path, target):     # the others may be rewritten there
+            shutil.copy2(path, target)
+
+
+def _linked(source: Path, target: Path) -> bool:
+    """Hard-link ``target`` to ``source``; False where the file systems do not allow it."""
+    try:
+        os.link(source, target)
+    except OSError:
+        return False
+    return True
+
+
+def read_checkpoint(run_dir: str | Path) -> tuple[dict, object]:
+    """A finished run's run.json and model configuration, each refused in one line naming the
+    file where it cannot be read."""
+    from ..models import require_checkpoint_architecture
+
+    record, _ = RunDir(run_dir).finished_run()
+    require_checkpoint_architecture(run_dir)
+    return record, read_model_config(run_dir)
 
 
 def complete_for_hub(run_dir: str | Path) -> None:
     """What a checkpoint on the Hub needs besides the weights, for a run saved before hf-mecheval
     wrote it: the model's code with the ``auto_map`` in config.json (``save_remote_code``), and
     the tokenizer of the run's task."""
-    from ..models import auto_map, require_checkpoint_architecture, save_remote_code
+    from ..models import auto_map, save_remote_code
     from ..tasks.presets import get_preset, task_from_dict
     from ..tasks.tokenizer import build_tokenizer
 
     run_dir = Path(run_dir)
-    record, _ = RunDir(run_dir).finished_run()
-    require_checkpoint_architecture(run_dir)
-    config = read_model_config(run_dir)
+    record, config = read_checkpoint(run_dir)
     # transformers' own models (hf:...) need no code beside the weights, a plug-in's model needs
     # its package rather than remote code: only built-in architectures carry theirs (_loading)
     if _loading(record["model"].get("architecture") or "")[0] == "remote_code":

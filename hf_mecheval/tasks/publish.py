@@ -50,12 +50,14 @@ def materialize(
     overwrite: bool = False,
     workers: int = 1,
     progress: bool = True,
+    repo_id: str | None = None,
 ) -> Path:
     """Write every split of every preset, then the dataset card, which lists every preset in the
     folder (those published here earlier too: each preset keeps what its card section says in
     ``<preset>/card.json``); returns the folder. A README.md that this command did not write is
     replaced only with ``overwrite``; a preset folder holding anything else than what this
-    command writes is never replaced. All or nothing (see the module docstring)."""
+    command writes is never replaced. All or nothing (see the module docstring). ``repo_id``: the
+    Hub repository the folder is pushed to, which the card's loading example names."""
     from tqdm.auto import tqdm
 
     folder = Path(folder)
@@ -106,7 +108,7 @@ def materialize(
                          "vocab_size": task.vocab_size, "config": task.config.to_dict(), "sizes": sizes[name],
                          "stats": split_stats}
                 write_text_atomic(stage / name / CARD_ENTRY, json.dumps(entry, indent=2) + "\n")
-            write_text_atomic(stage / "README.md", dataset_card(_card_entries(stage, presets)))
+            write_text_atomic(stage / "README.md", dataset_card(_card_entries(stage, presets), repo_id))
             _swap_folders(stage, folder)           # the stage now holds the previous data
         finally:
             if stage.exists() and not stage.is_symlink():
@@ -281,9 +283,10 @@ def size_category(rows: int) -> str:
     return next((name for bound, name in SIZE_CATEGORIES if rows < bound), "n>1T")
 
 
-def dataset_card(entries: list[dict]) -> str:
+def dataset_card(entries: list[dict], repo_id: str | None = None) -> str:
     """README.md with the ``configs:`` YAML that ``load_dataset(folder, preset)`` reads; ``entries``
-    as written to ``<preset>/card.json``."""
+    as written to ``<preset>/card.json``; ``repo_id``: the Hub repository its example loads from
+    (else the folder's path or a repository, in words)."""
     configs = [
         {
             "config_name": e["preset"],
@@ -334,7 +337,7 @@ def dataset_card(entries: list[dict]) -> str:
     lines += [
         "```python",
         "from datasets import load_dataset",
-        f"ds = load_dataset(\"path/or/repo\", \"{entries[0]['preset']}\")",
+        f"ds = load_dataset(\"{repo_id or 'path/or/repo'}\", \"{entries[0]['preset']}\")",
         "```",
         "",
     ]

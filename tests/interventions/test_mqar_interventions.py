@@ -113,6 +113,10 @@ def test_the_evaluate_metric_takes_query_distances():
     assert out["by_distance"]["near"]["restoration"] == pytest.approx((0.6 - 0.2 / 3) / (0.8 - 0.2 / 3))
     assert out["by_distance"]["far"]["restoration"] == pytest.approx(0.0)
     assert out["restoration"] == pytest.approx(summarize_restoration(p_clean, p_corrupt, p_patched)["restoration"])
+    # the default configuration has no such input: refused, not read as if it were "mqar"'s
+    with pytest.raises(ValueError, match="query_distance is an input of the 'mqar' configuration"):
+        evaluate.load(interchange_restoration_path()).compute(p_clean=p_clean, p_corrupt=p_corrupt, p_patched=p_patched,
+                                                              query_distance=[3, 5, 9, 12, 20], n_resamples=50)
 
 
 def test_report_of_an_evaluated_mqar_run(mqar_run, tmp_path):

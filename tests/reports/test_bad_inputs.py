@@ -110,8 +110,10 @@ def test_push_offline(run_dir, capsys, monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
     assert mecheval(["push", str(run_dir), "me/repo"]) == 2
     assert "offline" in one_error(capsys)
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before      # no Hub card written locally
 
 
 @pytest.mark.parametrize("content, message", [

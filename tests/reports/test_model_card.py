@@ -108,7 +108,10 @@ def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
     config = json.loads((old / "config.json").read_text())
     del config["auto_map"]
     (old / "config.json").write_text(json.dumps(config))
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
     assert mecheval(["push", str(old), "mecheval/h3-atr-easy"]) == 0
+    # the Hub's copy was completed and carded in a stage: the run folder is as it was
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
     assert {"config.json", "generation_config.json", "model.safetensors", "README.md", "modeling_mecheval.py",
             "mixer_h3.py", "tokenizer.json"} <= {p.name for p in pushed.iterdir()}
     assert "auto_map" in json.loads((pushed / "config.json").read_text())

@@ -65,6 +65,9 @@ class InterchangeRestoration(evaluate.Metric):
 
     def _compute(self, p_clean, p_corrupt, p_patched, query_distance=None, threshold=0.01, n_resamples=1000,
                  seed=0):
+        if query_distance is not None and self.config_name != "mqar":     # else it would be read without a word
+            raise ValueError("query_distance is an input of the 'mqar' configuration: "
+                             "evaluate.load(interchange_restoration_path(), 'mqar')")
         out = _summary(p_clean, p_corrupt, p_patched, threshold, n_resamples, seed)
         if query_distance is not None:
             boundary, near = near_far(query_distance)
