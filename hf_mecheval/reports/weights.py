@@ -92,7 +92,10 @@ def halve_weights(run_dir: str | Path) -> dict:
         save_file({k: (t.half() if t.is_floating_point() else t).contiguous() for k, t in tensors.items()},
                   str(copy / WEIGHTS), metadata={"format": "pt"})
         record["float16_sha256"] = sha256(copy / WEIGHTS)
-        record["float16_test_accuracy"] = measured_test_accuracy(copy)
+        try:
+            record["float16_test_accuracy"] = measured_test_accuracy(copy)
+        except MechEvalError as exc:        # it names the copy's files, which are the run's own: name those
+            raise MechEvalError(str(exc).replace(str(copy), str(run.path))) from None
         with recording(run.path), atomic_path(path, overwrite=True) as tmp:   # the float32 file stays until it is whole
             shutil.copyfile(copy / WEIGHTS, tmp)
     write_run_file(run.path, RECORD, json.dumps(record, indent=2) + "\n")

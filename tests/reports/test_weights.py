@@ -41,6 +41,10 @@ def test_a_run_that_cannot_be_halved_keeps_its_float32_weights(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mecheval: error:" in err[0], err
     assert sha256(run / "model.safetensors") == float32 and not (run / "weights.json").exists()
+    # a config that cannot be read is named as the run's own file, not the copy measured in
+    (run / "config.json").write_text("{}")
+    assert mecheval(["halve", str(run)]) == 2
+    assert f'{run / "config.json"}: "model_type" is missing' in capsys.readouterr().err
     # weights that are not a safetensors file (a Git LFS pointer where the file should be)
     shutil.copyfile(RUN / "config.json", run / "config.json")
     (run / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n")
