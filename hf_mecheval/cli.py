@@ -403,9 +403,17 @@ class _Parser(argparse.ArgumentParser):
     usage first, a screenful for ``sweep``, the error last), with a huge value echoed in it shortened
     (``shorten_values``); exit status 2 as argparse's."""
 
+    def parse_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
     def error(self, message):
         from .errors import shorten_values
 
+        # `mecheval --verison`: argparse misses the command before it reads the flag; say the flag
+        flags = [a for a in getattr(self, "given", []) if a.startswith("-")]
+        if message.startswith("the following arguments are required: COMMAND") and flags:
+            message = f"unrecognized arguments: {' '.join(flags)}"
         # the top parser also reports a command's unknown flags: it cannot say which command's
         hint = (f"`{self.prog} --help` lists its flags" if " " in self.prog
                 else f"`{self.prog} --help` lists the commands, `{self.prog} COMMAND --help` their flags")

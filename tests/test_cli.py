@@ -40,6 +40,15 @@ def test_errors_are_one_line(tmp_path, capsys, argv, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.parquet"]
 
 
+def test_a_mistyped_flag_without_a_command_is_named(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--verison"])
+    assert info.value.code == 2 and "error: unrecognized arguments: --verison" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([])
+    assert "error: the following arguments are required: COMMAND" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["data", "generate", "atr_hard", "-n", "1", "--out", "x.parquet"],
                                   ["data", "generate", "ar_32", "-n", "-3", "--out", "x.parquet"],
                                   ["data", "generate", "ar_32", "-n", "0", "--out", "x.parquet"],    # no documents
