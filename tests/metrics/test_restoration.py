@@ -19,6 +19,17 @@ def test_per_example_scores_skip_small_denominators():
     assert scores.tolist() == pytest.approx([0.5, 1.0])      # the middle example has no denominator
 
 
+def test_a_corruption_that_raises_the_answer_has_no_score():
+    # the denominator is signed: corrupting the key *raising* p(answer) is no effect to restore,
+    # never a score with its sign flipped (abs() there would give (0.5 - 0.9) / (0.1 - 0.9) = 0.5)
+    assert restoration([0.1, 0.1], [0.9, 0.9], [0.5, 0.5]) is None
+    # per example: only the second has clean above corrupt, (0.5 - 0.1) / (0.9 - 0.1)
+    assert per_example_restoration([0.1, 0.9], [0.9, 0.1], [0.5, 0.5]).tolist() == pytest.approx([0.5])
+    # the threshold is strict: a denominator equal to it has no score, one just above does
+    assert restoration([0.75], [0.5], [0.5], threshold=0.25) is None
+    assert restoration([0.75], [0.5], [0.5], threshold=0.24) == 0.0
+
+
 def test_bootstrap_interval_contains_the_estimate_and_shrinks_with_n():
     rng = np.random.default_rng(0)
     small = rng.normal(1.0, 1.0, 50)
@@ -73,6 +84,24 @@ def test_mechanism_labels(scores, width, label, confidence):
     m = classify(cells(*scores, width), clean_accuracy=0.99)
     assert (m.label, m.confidence) == (label, confidence)
     assert m.evidence["@value"]["restoration"] == scores[1]
+
+
+@pytest.mark.parametrize("scores, label", [
+    # each threshold met exactly (intervals of width 0: "high" wherever the rule holds), then missed
+    ((0.0, 0.6, 0.3), "induction"),           # @value >= 0.6 and @query, @key <= 0.3
+    ((0.0, 0.59, 0.0), "mixed"),
+    ((0.0, 0.9, 0.31), "mixed"),
+    ((0.31, 0.9, 0.0), "mixed"),
+    ((0.3, 0.3, 0.6), "direct_query"),        # @query >= 0.6 and @value, @key <= 0.3
+    ((0.15, 0.0, 0.5), "direct_key_query"),   # @key + @query >= 0.6 with @key >= 0.15, @value <= 0.3
+    ((0.149, 0.0, 0.5), "mixed"),
+    ((0.3, 0.0, 0.3), "direct_key_query"),
+    ((0.3, 0.0, 0.29), "mixed"),
+    ((0.3, 0.31, 0.5), "mixed"),
+])
+def test_mechanism_thresholds_at_their_boundaries(scores, label):
+    m = classify(cells(*scores), clean_accuracy=0.99)
+    assert (m.label, m.confidence) == (label, "low" if label == "mixed" else "high")
 
 
 def test_failed_models():
