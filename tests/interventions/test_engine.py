@@ -44,6 +44,25 @@ def test_hand_built_mechanisms_have_their_signature(make, expected):
         assert at["value"] > 0.95 and abs(at["key"]) < 0.1 and abs(at["query"]) < 0.1, (layer, at)
 
 
+@pytest.mark.parametrize("make, expected, layer", [(induction_model, "induction", 1), (direct_model, "direct_query", None)])
+def test_a_third_layer_moves_the_answer_on_and_the_label_stays_the_mechanisms(make, expected, layer):
+    """With a block of zero weights appended (an identity layer), the last layer's input holds the
+    answer at the query for both models: induction is read at layer 1's input, where it happened
+    (as a 3-layer run of the depth sweep needs), and direct retrieval stays direct retrieval."""
+    from handbuilt import HandBlock
+
+    model = make(TASK.vocab_size, 16)
+    model.model.layers.append(HandBlock(model.model.d))
+    result = run_grid(model, TASK, data(), progress=False, n_resamples=200)
+    last = {p: cell(result, "key", "layers.2.input", p)["restoration"] for p in ("key", "value", "query")}
+    assert last["query"] > 0.95 and abs(last["value"]) < 0.1 and abs(last["key"]) < 0.1
+    mechanism = result["mechanism"]
+    assert (mechanism["label"], mechanism["confidence"]) == (expected, "high")
+    assert mechanism["evidence"].get("layer") == layer
+    if layer is not None:
+        assert mechanism["evidence"]["@value"]["restoration"] > 0.95 and "layer 1" in mechanism["reason"]
+
+
 def _batch(model, n=32):
     d = data(n)
     ids = torch.from_numpy(d.padded()).long()
