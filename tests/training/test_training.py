@@ -155,13 +155,21 @@ class StopAt(TrainerCallback):
             raise KeyboardInterrupt
 
 
-def test_killed_run_resumes_to_the_same_weights(tmp_path):
-    assert main(run_args(tmp_path / "whole", *SHORT)) == 0
-    args = RunSpec.from_flags(run_args(tmp_path / "broken", *SHORT))
+@pytest.mark.parametrize("stop", [20, 30])        # 640 documents in batches of 32: an epoch is 20 steps
+def test_killed_run_resumes_to_the_same_weights(tmp_path, stop):
+    """Killed at an epoch's end (20) or in the middle of the second epoch (30, where the resumed
+    run must skip the ten batches of that epoch's own shuffle it already took): the same losses
+    after the kill and the same final weights as a run never stopped."""
+    every_ten = [*SHORT, "--save_steps", "10"]
+    assert main(run_args(tmp_path / "whole", *every_ten)) == 0
+    args = RunSpec.from_flags(run_args(tmp_path / "broken", *every_ten))
     with pytest.raises(KeyboardInterrupt):
-        train(args, callbacks=[StopAt(20)])
+        train(args, callbacks=[StopAt(stop)])
     assert not (tmp_path / "broken" / "metrics.json").exists()
-    assert main(run_args(tmp_path / "broken", *SHORT, "--resume")) == 0
+    assert main(run_args(tmp_path / "broken", *every_ten, "--resume")) == 0
+    whole = {step: loss for step, loss in losses(tmp_path / "whole") if step > stop}
+    resumed = {step: loss for step, loss in losses(tmp_path / "broken") if step > stop}
+    assert whole and resumed.keys() == whole.keys() and resumed == pytest.approx(whole, rel=1e-5)
     a = load_file(tmp_path / "whole" / "model.safetensors")
     b = load_file(tmp_path / "broken" / "model.safetensors")
     assert a.keys() == b.keys()
