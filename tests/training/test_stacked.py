@@ -197,6 +197,15 @@ def test_batches_follow_each_runs_own_epoch_order(tmp_path):
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         assert torch.equal(torch.cat([b["input_ids"][:, 0] for b in loader]), epoch_order(20, 5, epoch))
+    # --data_seed, where given, orders the documents instead of --seed (which then seeds the weights only)
+    args = parse(flags("transformer", tmp_path / "o", 1e-3, 5, "--per_device_train_batch_size", "4",
+                       "--eval_strategy", "no", "--num_train_epochs", "1", "--data_seed", "9"))[3]
+    loader = MechEvalTrainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=dataset,
+                             data_collator=batch_collator).get_train_dataloader()
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        assert torch.equal(torch.cat([b["input_ids"][:, 0] for b in loader]), epoch_order(20, 9, epoch))
+    assert not torch.equal(epoch_order(20, 9, 0), epoch_order(20, 5, 0))
 
 
 def test_copy_history_picks_each_copys_values():
