@@ -144,7 +144,14 @@ def test_grid_on_an_adapted_model_has_every_cell():
     result = run_grid(model, TASK, TASK.generate(8, "test", 0), n_resamples=10, progress=False)
     assert result["sites"] == native_sites(model).site_names()
     assert len(result["corruptions"]["key"]["cells"]) == 6 * 5
-    assert result["mechanism"]["label"]
+    # the label is the last (second) layer's input's, as classify gives it from those cells: read
+    # where the adapter's layer count says the last layer is, not "the grid lacks ..." a site
+    from hf_mecheval.interventions.grid import cell
+    from hf_mecheval.metrics.mechanism import classify
+
+    last = {p: cell(result, "key", "layers.1.input", p) for p in ("key", "value", "query")}
+    assert result["mechanism"] == classify(last, result["corruptions"]["key"]["clean_accuracy"]).to_dict()
+    assert not result["mechanism"]["reason"].startswith("the grid lacks")
 
 
 @pytest.mark.parametrize("architecture, field, message", [
