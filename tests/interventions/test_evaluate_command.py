@@ -67,6 +67,16 @@ def test_evaluate_writes_json_and_plots(run_dir, capsys, monkeypatch):
                      "--out", str(other)]) == 0
     assert (other / "interventions.json").exists()
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    # ... on training documents indeed: its first is the first of the run's training split
+    from hf_mecheval.reports.evaluate_run import load_run
+
+    grid = json.loads((other / "interventions.json").read_text())
+    _, task, record = load_run(run_dir)
+    assert grid["run"]["split"] == grid["settings"]["split"] == "train" and grid["examples"] == 16
+    first = {split: task.generate(16, split, record["task"].get("dataset_seed", 0)).document(0) for split in ("train", "test")}
+    names = task.token_names()
+    shown = {split: " ".join(names[t] for t in doc["input_ids"][:doc["answer_pos"]]) for split, doc in first.items()}
+    assert shown["train"] != shown["test"] and grid["run"]["example"].split(" -> ")[0] == shown["train"]
 
 
 @pytest.mark.parametrize("make, message", [
