@@ -138,7 +138,9 @@ def test_bad_input():
     # the default initialisation its state patches move p(answer) by ~1e-7, under the tolerance;
     # ten times wider weights make it 1e-4 to 2e-2
     ("h3", {"d_state": 8, "initializer_range": 0.2}),
-    ("h3", {"d_state": 8, "initializer_range": 0.2, "ssm_form": "mecheval-v1"})], ids=["transformer", "mamba", "h3", "h3_v1"])
+    ("h3", {"d_state": 8, "initializer_range": 0.2, "ssm_form": "mecheval-v1"}),
+    ("baseconv", {}), ("based", {}), ("hyena", {}), ("deltanet", {}), ("mamba2", {}), ("gated_deltanet", {})],
+    ids=["transformer", "mamba", "h3", "h3_v1", "baseconv", "based", "hyena", "deltanet", "mamba2", "gated_deltanet"])
 def test_every_cell_equals_a_full_forward_with_one_hook(arch, extra):
     # a second, naive implementation: for each cell, the whole corrupted forward with a hook that
     # writes the clean activation at the position (covers the engine's shortcuts: outputs patched
