@@ -88,6 +88,8 @@ def test_dataset_scripts_materialise_every_preset_of_a_task(tmp_path):
     for preset in ("ar_32", "ar_32_value_first", "ar_32_gen"):
         ds = datasets.load_dataset(str(tmp_path / "ar"), preset, cache_dir=str(tmp_path / "cache"))
         assert len(ds["train"]) == 20 and len(ds["test"]) == 5
+        # each preset's own documents (seed 0), not one preset's written under three names
+        assert ds["test"].to_list() == build_task(preset).generate(5, "test", 0).to_dataset().to_list()
 
 
 def test_dataset_card_command_regenerates_a_split_byte_for_byte(tmp_path):
