@@ -104,6 +104,8 @@ def test_local_launcher_skips_finished_resumes_killed_and_reports_failures(tmp_p
     assert sorted(outcome["finished"]) == sorted(r.name for r in sweep.runs) and not outcome["failed"]
     state = json.loads((run_dir / "trainer_state.json").read_text())
     assert state["global_step"] == 6
+    # resumed from its checkpoint, not trained again from the first step: two segments of training
+    assert json.loads((run_dir / "metrics.json").read_text())["final"]["train_segments"] == 2
     again = launch(sweep, tmp_path, progress=False)
     assert again["finished"] == [] and sorted(again["skipped"]) == sorted(r.name for r in sweep.runs)
     root = write_results(sweep, tmp_path)
