@@ -90,9 +90,10 @@ class InterventionEngine:
 
     def check_sites(self, sites: list[str]) -> None:
         """Refuse a site the model does not have, naming the valid ones."""
-        unknown = [s for s in sites if s not in set(self.site_names())]
+        valid = self.site_names()
+        unknown = [s for s in sites if s not in valid]
         if unknown:
-            raise MechEvalError(f"unknown site {unknown[0]!r}; valid sites: {', '.join(self.site_names())}")
+            raise MechEvalError(f"unknown site {unknown[0]!r}; valid sites: {', '.join(valid)}")
 
     def resume_sites(self) -> list[str]:
         """What the corrupted run caches so that patched runs can start at the patched layer."""

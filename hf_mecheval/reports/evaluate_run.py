@@ -29,10 +29,6 @@ from ..runs.files import RESTORATION_HISTORY
 def load_run(run_dir: str | Path):
     """(model, task, run record) of a finished run directory, with clear errors."""
     run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise MechEvalError(f"run directory {run_dir} does not exist")
-    if not run_dir.is_dir():
-        raise MechEvalError(f"{run_dir} is not a run directory (give the folder `mecheval train` wrote)")
     run = RunDir(run_dir)
     # the weights as safetensors only: a pickle (pytorch_model.bin) is never loaded
     run.require("config.json", "model.safetensors", RunDir.RECORD, RunDir.METRICS)

@@ -368,8 +368,10 @@ class RunDir:
         """Refuse a run that lacks any of ``names`` (default: run.json and metrics.json, the files
         of a finished run), naming what is missing."""
         names = names or (self.RECORD, self.METRICS)
-        if not self.path.is_dir():             # a mistyped path: say so, not which files it lacks
-            raise MechEvalError(f"{self.path} {'is not a folder' if self.path.exists() else 'does not exist'}")
+        if not self.path.exists():             # a mistyped path: say so, not which files it lacks
+            raise MechEvalError(f"run directory {self.path} does not exist")
+        if not self.path.is_dir():
+            raise MechEvalError(f"{self.path} is not a run directory (give the folder `mecheval train` wrote)")
         missing = [name for name in names if not (self.path / name).is_file()]
         if missing:
             verb = "is" if len(missing) == 1 else "are"
