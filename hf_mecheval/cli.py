@@ -264,7 +264,7 @@ def _quickstart(args: argparse.Namespace) -> int:
 def _push(args: argparse.Namespace) -> int:
     from .runs.model_card import push_run
 
-    print(f"pushed {args.run_dir} to {push_run(args.run_dir, args.repo, private=args.private)}")
+    print(f"pushed {args.run_dir} to {push_run(args.run_dir, args.repo, private=args.private, dataset_repo=args.dataset)}")
     return 0
 
 
@@ -563,6 +563,10 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("run_dir", help="a finished run directory")
     push.add_argument("repo", help="model repository, e.g. your-name/mamba-ar32-d64")
     push.add_argument("--private", action="store_true", help="create the repository as private")
+    push.add_argument("--dataset", metavar="REPO", default=None,
+                      help="the dataset repository the card links for the task's documents, where `mecheval data "
+                           "publish --push-to-hub REPO` put them (default mecheval/ar, mecheval/atr or mecheval/mqar "
+                           "by the run's task)")
     push.set_defaults(func=_push)
 
     halve = commands.add_parser("halve", help="store finished runs' weights in half precision, to commit them",

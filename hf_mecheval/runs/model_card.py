@@ -36,8 +36,9 @@ HUB_FILES = ["config.json", "generation_config.json", "model.safetensors", "*.py
              "weights.json", "interventions/*"]
 
 
-def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -> Path:
-    """Write (or refresh) ``RUN_DIR/README.md``; returns its path."""
+def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None, dataset_repo: str | None = None) -> Path:
+    """Write (or refresh) ``RUN_DIR/README.md``; returns its path. ``dataset_repo``: the dataset
+    repository the card links for the task's documents (default ``mecheval/<ar|atr|mqar>``)."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     run = RunDir(run_dir)
@@ -45,7 +46,7 @@ def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None) -
     final = metrics["final"]
     model, task = record["model"], record["task"]
     task_kind = _task_kind(task["preset"])
-    dataset = f"mecheval/{task_kind}"      # where dataset_scripts/ publish each kind
+    dataset = dataset_repo or f"mecheval/{task_kind}"      # default: where dataset_scripts/ publish each kind
     common = dict(task_type="text-generation", task_name="in-context retrieval", dataset_type=dataset,
                   dataset_name=task["preset"], dataset_config=task["preset"])     # its config: in the card's text
     results = [EvalResult(metric_type="accuracy", metric_value=final["test_accuracy"], dataset_split="test",
@@ -164,11 +165,14 @@ def _example(task_record: dict) -> dict:
             "example_answer": names[doc["answer"]]}
 
 
-def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
-    """Upload a run directory's model, config and card as a model repository."""
+def push_run(run_dir: str | Path, repo_id: str, private: bool = False, dataset_repo: str | None = None) -> str:
+    """Upload a run directory's model, config and card as a model repository; the card links
+    ``dataset_repo`` (see ``write_model_card``) as the task's documents."""
     from ..hub import check_repo_id, create_repo, upload_folder
 
     check_repo_id(repo_id)
+    if dataset_repo is not None:
+        check_repo_id(dataset_repo)
     run = RunDir(run_dir)
     run.require("config.json", "model.safetensors", RunDir.RECORD, RunDir.METRICS)
     failure = run.metrics()["final"].get("failed")
@@ -181,7 +185,7 @@ def push_run(run_dir: str | Path, repo_id: str, private: bool = False) -> str:
         stage = Path(tmp) / run.name
         copy_for_hub(run.path, stage)
         complete_for_hub(stage)
-        write_model_card(stage, repo_id)
+        write_model_card(stage, repo_id, dataset_repo)
         api = create_repo(repo_id, private=private, what=f"push {run_dir} to {repo_id}")
         upload_folder(api, stage, repo_id, allow_patterns=HUB_FILES)
     return f"https://huggingface.co/{repo_id}"

@@ -100,6 +100,16 @@ def test_push_run_uploads_to_the_hub_api(run_dir, tmp_path, monkeypatch):
     pushed = hub / "mecheval" / "h3-atr-easy"
     assert not [p for p in pushed.rglob("*.tmp")]
     assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in pushed.iterdir()}
+    # the card links the task's dataset repository: the project's by default, or the one given
+    assert ModelCard.load(pushed / "README.md").data.datasets == ["mecheval/atr"]
+    assert mecheval(["push", str(run), "mecheval/h3-atr-easy", "--dataset", "you/atr-documents"]) == 0
+    card = ModelCard.load(pushed / "README.md")
+    assert card.data.datasets == ["you/atr-documents"]
+    assert {r.dataset_type for r in card.data.eval_results} == {"you/atr-documents"}
+    # a bad dataset name is refused before the Hub is reached
+    with pytest.raises(MechEvalError, match="bad repository name 'you/atr documents'"):
+        model_card.push_run(run, "mecheval/never-made", dataset_repo="you/atr documents")
+    assert not (hub / "mecheval" / "never-made").exists()
     # a run saved before runs carried their code and tokenizer: push adds them
     old = tmp_path / "old"
     shutil.copytree(run_dir, old)
