@@ -228,19 +228,24 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _report_results(args: argparse.Namespace) -> int:
-    from .reports.reproduction import check_document, read_document, update_document, write_results_report
+    from .reports.reproduction import (check_document, read_document, results_tables, update_document,
+                                       write_results_report)
 
     if args.runs:
         raise MechEvalError("give either run directories or --results DIR, not both")
     for document in filter(None, (args.update, args.check)):
         read_document(document)          # a document it cannot read fails now, not after every figure
-    made = write_results_report(args.results)
-    print(f"{len(made['figures'])} figures, each sweep's report.md and {args.results}/claims.md written from "
-          f"{args.results}/*/runs.json")
+    if args.check and not args.update:   # a check alone reads: it writes no figure, report or claims.md
+        tables = results_tables(args.results)
+    else:
+        made = write_results_report(args.results)
+        tables = made["tables"]
+        print(f"{len(made['figures'])} figures, each sweep's report.md and {args.results}/claims.md written from "
+              f"{args.results}/*/runs.json")
     if args.update:
-        print(f"updated tables in {args.update}: {', '.join(update_document(args.update, made['tables'])) or 'none'}")
+        print(f"updated tables in {args.update}: {', '.join(update_document(args.update, tables)) or 'none'}")
     if args.check:
-        stale = check_document(args.check, made["tables"])
+        stale = check_document(args.check, tables)
         if stale:
             print(f"{args.check}: tables differ from {args.results}: {', '.join(stale)}", file=sys.stderr)
             return 1
@@ -380,7 +385,8 @@ def _launcher_arguments(parser: argparse.ArgumentParser, default_out: str) -> No
                         help="local: processes on this machine; ray: a Ray cluster (RAY_ADDRESS) or a local one")
     parser.add_argument("--workers", type=_workers, default="auto",
                         help="training processes at once (local launcher); auto (default): one per GPU, or on a "
-                             "CPU one per core with one thread each, fewer where free memory is short (3 GiB each)")
+                             "CPU one per core with one thread each, fewer where free memory is short (3 GiB each; the "
+                             "cores then shared out among them)")
     parser.add_argument("--threads", type=_positive_int, default=None,
                         help="CPU threads per training process (default: the cores shared out among the workers), "
                              "e.g. --workers 1 --threads 1 beside other work that holds a core")
@@ -534,7 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--results", metavar="DIR",
                      help="instead of runs: regenerate the figures, report.md files and claims.md of a results "
                           "folder (REPRODUCTION.md's results/) from its <sweep>/runs.json")
-    rep.add_argument("--check", metavar="DOC", help="with --results: exit 1 if DOC's generated tables differ")
+    rep.add_argument("--check", metavar="DOC", help="with --results: exit 1 if DOC's generated tables differ (alone, "
+                                                    "it only reads: no figure or report is written)")
     rep.add_argument("--update", metavar="DOC", help="with --results: rewrite DOC's generated tables")
     rep.set_defaults(func=_report)
 
@@ -556,10 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     qs.set_defaults(func=_quickstart)
 
     push = commands.add_parser("push", help="upload a run (model, code, tokenizer, model card, metrics) to the Hub",
-                               description="Write the run's model card and upload the model with its config, its own "
+                               description="Upload the model with its config, its own "
                                            "code (loads with trust_remote_code=True without hf-mecheval) and "
-                                           "generation config, the tokenizer, the card, run.json, metrics.json and "
-                                           "the intervention results as a model repository.")
+                                           "generation config, the tokenizer, a model card written for the "
+                                           "repository, run.json, metrics.json and the intervention results as a "
+                                           "model repository; the run folder itself is left as it was.")
     push.add_argument("run_dir", help="a finished run directory")
     push.add_argument("repo", help="model repository, e.g. your-name/mamba-ar32-d64")
     push.add_argument("--private", action="store_true", help="create the repository as private")

@@ -128,7 +128,7 @@ class RunArguments:
         default=64, metadata={"help": "validation documents it uses (MQAR: as many queries, those of the first documents)"})
     test_head_size: int = dataclasses.field(
         default=320, metadata={"help": "also report test accuracy on the first N test documents (the reference "
-                                       "reported its first 320); 0 = not"})
+                                       "reported its first 320) where the test split has more; 0 = not"})
 
 
 @dataclasses.dataclass

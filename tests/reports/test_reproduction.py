@@ -59,8 +59,12 @@ def test_report_results_command_regenerates_and_checks(tmp_path, capsys):
     (results / "cpu_ar" / "report.md").write_text("| baseconv (d=64) | 31.2 % |\n")
     doc = tmp_path / "DOC.md"
     doc.write_text("intro\n<!-- table:claim1 -->\nold\n<!-- /table:claim1 -->\nend\n")
+    before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
     assert mecheval(["report", "--results", str(results), "--check", str(doc)]) == 1
     assert "claim1" in capsys.readouterr().err
+    # a check alone only reads: no figure drawn, the stale report.md left as it is
+    assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == before
+    assert mecheval(["report", "--results", str(results), "--update", str(doc)]) == 0
     assert (results / "cpu_ar" / "accuracy.png").exists() and (results / "cpu_ar" / "mamba_inner_sites.png").exists()
     # each sweep's report.md written again from its runs.json alone: as `mecheval report RUN...`
     # wrote it from the run folders (the sweeps whose folders are committed), and current where
@@ -69,7 +73,6 @@ def test_report_results_command_regenerates_and_checks(tmp_path, capsys):
     assert len(reports) == len(list(results.glob("*/runs.json"))) >= 10
     for name in reports:
         assert (results / name).read_text() == (REPO / "results" / name).read_text(), name
-    assert mecheval(["report", "--results", str(results), "--update", str(doc)]) == 0
     text = doc.read_text()
     assert text.startswith("intro\n") and text.endswith("end\n") and "old" not in text
     tables = claim_tables(load_results(results))
