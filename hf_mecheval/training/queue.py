@@ -18,7 +18,9 @@ last checkpoint where it has one). Runs that ``launch`` would stack (width 32 or
 differing only in learning rate and seed) are claimed and trained together. A run that fails in a
 process (diverged, crashed, or refused with an error, which the lane prints and goes on), or that
 another process trains outside the queue (a ``mecheval sweep`` over the same folder), is not
-picked again by that process. It stops when nothing is left that it could take, or
+picked again by that process. After every run the sweep's tables (``results.md``, ``.csv``,
+``.json``) are written again; where a person saved a file of that name meanwhile they are not (the
+lane says so), and the run still counts as finished. It stops when nothing is left that it could take, or
 when the file ``<out>/queue.stop`` exists (checked between runs: the run in flight finishes).
 
 ``--dry-run`` lists what is left, each run with the CPU hours it should take: the median of the
@@ -326,11 +328,15 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
         started = time.time()
         try:
             result = launch(sweep, out, workers=1, threads=threads, grid=grid, only=names)
-            write_results(sweep, out)
         except MechEvalError as exc:       # this run refused (a damaged checkpoint, a folder not a run's): the next
             result = {"finished": [], "in_use": [], "failed": [f"{' '.join(names)} ({exc})"]}
         finally:
             pick.release()
+        try:                  # the sweep's tables: a person's file saved there meanwhile fails them, not the runs
+            write_results(sweep, out)
+        except MechEvalError as exc:
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: its results tables not written: {exc}",
+                  file=log, flush=True)
         for name in names:
             tried.add(f"{sweep.name}/{name}")
             folder = run_folder(out, sweep.name, name)

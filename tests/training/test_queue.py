@@ -185,6 +185,29 @@ def test_a_persons_file_named_as_a_sweeps_own_stops_the_queue_before_any_run(tmp
     assert (tmp_path / "out" / "second" / "results.md").read_text() == "my notes\n"
 
 
+def test_a_persons_file_saved_mid_run_leaves_the_tables_unwritten_not_the_run_failed(tmp_path, two_sweeps,
+                                                                                     monkeypatch):
+    from hf_mecheval.training import queue as module
+
+    real_launch = module.launch
+
+    def launch(sweep, out, **kwargs):          # the run trains; meanwhile a person saves notes as results.md
+        result = real_launch(sweep, out, **kwargs)
+        (out / sweep.name / "results.md").write_text("my notes\n")
+        return result
+    monkeypatch.setattr(module, "launch", launch)
+    log = tmp_path / "queue.log"
+    out = tmp_path / "out"
+    with open(log, "w") as handle:
+        outcome = run_queue(queue_file(tmp_path, [{"sweep": two_sweeps[1]}]), out, grid=GRID, log=handle)
+    assert outcome == {"finished": ["second/based_s0"], "failed": [], "later": []}
+    lines = log.read_text().splitlines()
+    assert "its results tables not written" in lines[-2] and "holds results.md, which a sweep did not write" in lines[-2]
+    assert lines[-1].endswith("second: 1 finished")
+    assert (out / "second" / "results.md").read_text() == "my notes\n"
+    assert not (out / "second" / "results.json").exists()
+
+
 def test_the_repositorys_queue_names_only_runs_that_exist():
     from pathlib import Path
 
