@@ -22,7 +22,6 @@ from ..runs import RunDir
 from ..runs.manifest import recording, write_run_file
 
 WEIGHTS = "model.safetensors"
-RECORD = "weights.json"
 
 
 def sha256(path: Path) -> str:
@@ -73,8 +72,8 @@ def halve_weights(run_dir: str | Path) -> dict:
     run = RunDir(run_dir)
     run.require(RunDir.RECORD, RunDir.METRICS, WEIGHTS)
     path = run.path / WEIGHTS
-    if (run.path / RECORD).exists():
-        raise MechEvalError(f"{run.path} already holds half-precision weights ({RECORD})")
+    if (run.path / RunDir.HALF_WEIGHTS).exists():
+        raise MechEvalError(f"{run.path} already holds half-precision weights ({RunDir.HALF_WEIGHTS})")
     try:
         tensors = load_file(str(path))
     except SafetensorError as exc:       # truncated, empty, or a Git LFS pointer instead of the file
@@ -98,5 +97,5 @@ def halve_weights(run_dir: str | Path) -> dict:
             raise MechEvalError(str(exc).replace(str(copy), str(run.path))) from None
         with recording(run.path), atomic_path(path, overwrite=True) as tmp:   # the float32 file stays until it is whole
             shutil.copyfile(copy / WEIGHTS, tmp)
-    write_run_file(run.path, RECORD, json.dumps(record, indent=2) + "\n")
+    write_run_file(run.path, RunDir.HALF_WEIGHTS, json.dumps(record, indent=2) + "\n")
     return record

@@ -33,7 +33,7 @@ TEMPLATE = Path(__file__).with_name("model_card_template.md")
 # what `mecheval push` uploads: the model with its code, generation config and tokenizer; the card; the run's records
 HUB_FILES = ["config.json", "generation_config.json", "model.safetensors", "*.py", "tokenizer.json",
              "tokenizer_config.json", "special_tokens_map.json", "README.md", "run.json", "metrics.json",
-             "weights.json", "interventions/*"]
+             RunDir.HALF_WEIGHTS, "interventions/*"]
 
 
 def write_model_card(run_dir: str | Path | RunDir, repo_id: str | None = None, dataset_repo: str | None = None) -> Path:
@@ -109,7 +109,7 @@ def _halved(run_dir: Path) -> str:
     in float16 and in float32, as the card says it; else ""."""
     from ..inputs import FRACTION, read_json
 
-    path = run_dir / "weights.json"
+    path = run_dir / RunDir.HALF_WEIGHTS
     if not path.is_file():
         return ""
     record = read_json(path, {"float16_test_accuracy": FRACTION, "float32_test_accuracy": FRACTION})

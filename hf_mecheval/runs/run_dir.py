@@ -338,6 +338,7 @@ class RunDir:
     METRICS = "metrics.json"       # final metrics and history; written last: a finished run has it
     CARD = "README.md"             # the model card (``model_card.py``)
     INTERVENTIONS = Path("interventions") / "interventions.json"    # from `mecheval evaluate`
+    HALF_WEIGHTS = "weights.json"  # `mecheval halve`: the weights are float16, and what they reproduce
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
