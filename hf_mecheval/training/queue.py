@@ -299,6 +299,10 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
     tried: set[str] = set()
     steps: dict[str, float | None] = {}
     lane_threads = plan_workers(1, threads)[1]          # what each training here runs at (None: every core)
+
+    def say(line: str) -> None:                         # a line of the lane's log, stamped
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {line}", file=log, flush=True)
+
     entries = read_queue(path)                          # a file that cannot be read is refused here
     for entry in entries:             # as is a person's file named as a sweep's own (results.md), before any run
         claim_sweep_folder(out / entry.sweep.name)
@@ -306,8 +310,7 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
         try:                  # read again before every run: an edit counts from the next run on
             entries = read_queue(path)
         except MechEvalError as exc:      # an edit saved half-way must not stop the lanes between runs
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {exc}; this lane keeps the queue it read before",
-                  file=log, flush=True)
+            say(f"{exc}; this lane keeps the queue it read before")
         pick = next_pick(entries, out, grid, tried | set(outcome["later"]))
         if pick is None:
             break
@@ -319,12 +322,10 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
                 pick.release()
                 outcome["later"] += [f"{sweep.name}/{name}" for name in names]
                 expected = "its step could not be timed" if seconds is None else f"~{seconds / 3600:.1f} h expected"
-                print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {' '.join(names)} left for later "
-                      f"({expected}, {max(0.0, until - time.time()) / 3600:.1f} h to "
-                      f"{time.strftime('%H:%M', time.localtime(until))})", file=log, flush=True)
+                say(f"{sweep.name}: {' '.join(names)} left for later ({expected}, "
+                    f"{max(0.0, until - time.time()) / 3600:.1f} h to {time.strftime('%H:%M', time.localtime(until))})")
                 continue
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {' '.join(names)}"
-              + ("" if seconds is None else f" (~{seconds / 3600:.1f} h expected)"), file=log, flush=True)
+        say(f"{sweep.name}: {' '.join(names)}" + ("" if seconds is None else f" (~{seconds / 3600:.1f} h expected)"))
         started = time.time()
         try:
             result = launch(sweep, out, workers=1, threads=threads, grid=grid, only=names)
@@ -335,8 +336,7 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
         try:                  # the sweep's tables: a person's file saved there meanwhile fails them, not the runs
             write_results(sweep, out)
         except MechEvalError as exc:
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: its results tables not written: {exc}",
-                  file=log, flush=True)
+            say(f"{sweep.name}: its results tables not written: {exc}")
         for name in names:
             tried.add(f"{sweep.name}/{name}")
             folder = run_folder(out, sweep.name, name)
@@ -346,7 +346,7 @@ def run_queue(path: str | Path, out: str | Path, threads: int | None = 1, grid: 
             outcome["finished" if ok else "failed"].append(f"{sweep.name}/{name}")
         # beside the expectation, what it took: the record that calibrates UNTIL_MARGIN
         took = "" if seconds is None else f" in {(time.time() - started) / 3600:.2f} h of ~{seconds / 3600:.2f} h expected"
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} queue: {sweep.name}: {len(result['finished'])} finished{took}"
-              + "".join(f"; failed: {line}" for line in result["failed"])
-              + "".join(f"; in use: {name}" for name in result["in_use"]), file=log, flush=True)
+        say(f"{sweep.name}: {len(result['finished'])} finished{took}"
+            + "".join(f"; failed: {line}" for line in result["failed"])
+            + "".join(f"; in use: {name}" for name in result["in_use"]))
     return outcome
