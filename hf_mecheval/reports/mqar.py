@@ -70,6 +70,16 @@ def key_position_accuracy(runs: list[dict]) -> dict[tuple[int, int], float]:
     return {k: _mean(v) for k, v in values.items()}
 
 
+def _by_key_position(chosen: dict) -> tuple[dict, list[tuple[int, int]]]:
+    """``key_position_accuracy`` of each chosen cell that recorded it, and the buckets of key
+    positions among them (ascending); nothing where every key falls in one bucket (Zoology's
+    settings, 4-8 pairs: keys within the first 16 tokens), whose one column would repeat the test
+    accuracy."""
+    by_position = {k: a for k, a in ((k, key_position_accuracy(v)) for k, v in chosen.items()) if a}
+    buckets = sorted(set().union(*by_position.values())) if by_position else []
+    return (by_position, buckets) if len(buckets) > 1 else ({}, [])
+
+
 def _axis_settings(settings: set[tuple[int, int]]) -> tuple[int, list[int], int, list[int]]:
     """The length with the most pair counts and those counts; the pair count found at the most
     lengths (ties: the larger) and those lengths: the two slices a figure draws."""
@@ -85,8 +95,8 @@ def mqar_figures(rows: list[dict], out: Path, plan: dict | None = None, publishe
     (against the length at one number of pairs), of the task that mixes settings; where grids were
     run, mqar_near_far.png (restoration @value against @key + @query of near and far queries:
     induction against direct retrieval, wherever a model retrieves from; not where that group
-    fails the task, whose scores mean nothing); where runs recorded it, mqar_key_position.png
-    (accuracy against where the query's key stands); and, given Zoology's Figure 2 values
+    fails the task, whose scores mean nothing); where runs recorded it and their keys stand in
+    more than one bucket, mqar_key_position.png (accuracy against where the query's key stands); and, given Zoology's Figure 2 values
     (``published``: zoology.yaml's ``figure2``) and runs of its settings, mqar_zoology.png. A
     panel per width, and per task where the rows hold several (Zoology's settings are one task
     each). ``plan``: as ``chosen_runs``."""
@@ -135,9 +145,8 @@ def mqar_figures(rows: list[dict], out: Path, plan: dict | None = None, publishe
             ax.grid(alpha=0.3)
         _legend(fig, list(axes.values()))
         made.append(save_figure(fig, out / "mqar_near_far.png"))
-    by_position = {k: a for k, a in ((k, key_position_accuracy(v)) for k, v in chosen.items()) if a}
+    by_position, buckets = _by_key_position(chosen)
     if by_position:
-        buckets = sorted(set().union(*by_position.values()))
         curves = {key: [(i, acc[b]) for i, b in enumerate(buckets) if b in acc] for key, acc in by_position.items()}
         made.append(_accuracy_panels(curves, colour, (range(len(buckets)), [f"{lo}-{hi - 1}" for lo, hi in buckets]),
                                      "position of the query's key", "", out / "mqar_key_position.png"))
@@ -280,16 +289,16 @@ def mqar_table(rows: list[dict], plan: dict | None = None) -> str:
 def key_position_table(rows: list[dict], plan: dict | None = None) -> str:
     """Markdown: per task, architecture and width (the chosen rate), the share of test queries
     answered right by where their key stands (``test_by_key_position``: keys at 0-15, 16-31,
-    32-63, ...), for the runs that recorded it. ``plan``: as ``chosen_runs``."""
-    chosen = {k: (v[0], key_position_accuracy(v)) for k, v in chosen_runs(mqar_rows(rows), plan).items()}
-    chosen = {k: v for k, v in chosen.items() if v[1]}
-    if not chosen:
+    32-63, ...), for the runs that recorded it; empty where every key falls in one bucket.
+    ``plan``: as ``chosen_runs``."""
+    chosen = chosen_runs(mqar_rows(rows), plan)
+    by_position, buckets = _by_key_position(chosen)
+    if not by_position:
         return ""
-    buckets = sorted(set().union(*(acc for _, acc in chosen.values())))
     head = ["task", "model", "width", "lr"] + [f"keys {lo}-{hi - 1}" for lo, hi in buckets]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (task, label, width), (first, acc) in chosen.items():
-        cells = [task, label, str(width), f"{first.get('learning_rate') or 0:g}"]
+    for (task, label, width), acc in by_position.items():
+        cells = [task, label, str(width), f"{chosen[task, label, width][0].get('learning_rate') or 0:g}"]
         cells += [f"{100 * acc[b]:.1f}" if b in acc else "" for b in buckets]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

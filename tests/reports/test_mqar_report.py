@@ -175,6 +175,19 @@ def test_key_position_table_averages_the_chosen_rates_seeds_and_skips_runs_witho
     assert "mqar_key_position.png" not in [p.name for p in mqar_figures(ROWS, tmp_path / "none")]
 
 
+def test_keys_all_in_one_bucket_give_no_key_position_table_or_figure(tmp_path):
+    # Zoology's settings (4-8 pairs) put every key within the first 16 tokens: one bucket, whose
+    # one column would only repeat the test accuracy
+    one = [{"key_from": 0, "key_to": 16, "queries": 10, "accuracy": 0.4}]
+    rows = [dict(r, test_by_key_position=one) for r in ROWS[:3]]
+    assert key_position_table(rows) == ""
+    assert "mqar_key_position.png" not in [p.name for p in mqar_figures(rows, tmp_path)]
+    # a second bucket in any chosen cell brings both back, the cells without it left blank
+    rows[0] = dict(rows[0], test_by_key_position=one + [{"key_from": 16, "key_to": 32, "queries": 5, "accuracy": 0.2}])
+    assert key_position_table(rows).splitlines()[0] == "| task | model | width | lr | keys 0-15 | keys 16-31 |"
+    assert "mqar_key_position.png" in [p.name for p in mqar_figures(rows, tmp_path / "two")]
+
+
 def test_a_cell_part_way_through_its_planned_rates_is_not_shown(tmp_path):
     # the sweep plans Mamba at width 64 at 1e-2 and 3e-3: until 3e-3 has run, 1e-2 is only the best so far
     plan = {("mqar_cpu", "transformer", 64): {(1e-3, 0), (1e-3, 1), (3e-4, 0)},
