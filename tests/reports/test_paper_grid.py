@@ -202,9 +202,9 @@ def test_depth_table_reads_restoration_layer_by_layer_and_compute_counts_hours(r
     runs = Sweep.load("reference/width_ar").runs
     # (Mamba with positions is a model of its own: "mamba (conv 4, positions)")
     n = {d: sum(1 for r in runs if r.args["architecture"] == "mamba" and r.args["hidden_size"] == d
-                and not r.args.get("max_position_embeddings")) for d in (128, 256)}
-    assert (f"| mamba (conv 4) | 30 / 15 (3) | 60 / 30 (3) | 120 / 60 (6) | 240 / 120 ({n[128]}) | 480 / 240 ({n[256]}) |"
-            in cost)
+                and not r.args.get("max_position_embeddings")) for d in (16, 32, 128, 256)}
+    assert (f"| mamba (conv 4) | 30 / 15 ({n[16]}) | 60 / 30 ({n[32]}) | 120 / 60 (6) | 240 / 120 ({n[128]}) "
+            f"| 480 / 240 ({n[256]}) |" in cost)
 
 
 def test_mamba2_and_gated_deltanet_stand_beside_the_seven_and_no_claim_reads_them(results):
