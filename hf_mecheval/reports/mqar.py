@@ -96,10 +96,10 @@ def mqar_figures(rows: list[dict], out: Path, plan: dict | None = None, publishe
     run, mqar_near_far.png (restoration @value against @key + @query of near and far queries:
     induction against direct retrieval, wherever a model retrieves from; not where that group
     fails the task, whose scores mean nothing); where runs recorded it and their keys stand in
-    more than one bucket, mqar_key_position.png (accuracy against where the query's key stands); and, given Zoology's Figure 2 values
-    (``published``: zoology.yaml's ``figure2``) and runs of its settings, mqar_zoology.png. A
-    panel per width, and per task where the rows hold several (Zoology's settings are one task
-    each). ``plan``: as ``chosen_runs``."""
+    more than one bucket, mqar_key_position.png (accuracy against where the query's key stands);
+    and, given Zoology's Figure 2 values (``published``: zoology.yaml's ``figure2``) and runs of
+    its settings, mqar_zoology.png. A panel per width, and per task where the rows hold several
+    (Zoology's settings are one task each). ``plan``: as ``chosen_runs``."""
     rows = mqar_rows(rows)
     chosen = chosen_runs(rows, plan)
     if not chosen:
